@@ -1,0 +1,160 @@
+#include "engine/generator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+namespace vericache {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+struct RequestState {
+  SequenceKv kv;
+  Rng rng;
+  int64_t prefilled = 0;
+  std::vector<int32_t> positions;  // scratch for one forward
+  std::vector<int32_t> step_token;
+  bool done = false;
+};
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kEndOfGeneration: return "eos";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kContext: return "context";
+    case FinishReason::kStopped: return "stop";
+  }
+  return "unknown";
+}
+
+int64_t Generator::pages_needed(const LlamaModel& model, int64_t page_size, std::span<const GenerationRequest> requests) {
+  const KvPageSpec spec = model.kv_page_spec(page_size);
+  int64_t pages = 0;
+  for (const GenerationRequest& r : requests) {
+    const int64_t slots = std::min<int64_t>(static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens,
+                                            model.config().context_length);
+    pages += spec.n_layers * spec.pages_for(slots);
+  }
+  return pages;
+}
+
+Result<std::vector<GenerationResult>> Generator::generate(std::span<const GenerationRequest> requests,
+                                                          const TokenCallback& on_token, GenerationStats* stats) {
+  const LlamaConfig& config = model_.config();
+  const int64_t vocab = config.vocab_size;
+  GenerationStats local_stats;
+  GenerationStats& st = stats != nullptr ? *stats : local_stats;
+  st = GenerationStats();
+
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto n = static_cast<int64_t>(requests[i].prompt.size());
+    if (n == 0) return Status::invalid_argument("request " + std::to_string(i) + ": the prompt is empty");
+    if (n >= config.context_length) {
+      return Status::invalid_argument("request " + std::to_string(i) + ": the prompt has " + std::to_string(n) +
+                                      " tokens; the model's context is " + std::to_string(config.context_length));
+    }
+    st.prompt_tokens += n;
+  }
+
+  std::vector<RequestState> state;
+  state.reserve(requests.size());
+  for (const GenerationRequest& r : requests) state.push_back({SequenceKv(config.n_layers), Rng(r.sampling.seed)});
+  std::vector<GenerationResult> results(requests.size());
+  auto release_all = [&] {
+    for (RequestState& s : state) s.kv.release(pool_);
+  };
+
+  // Appends `token` to request i and decides whether it continues.
+  auto accept = [&](size_t i, int32_t token) {
+    const GenerationRequest& r = requests[i];
+    RequestState& s = state[i];
+    const std::vector<int32_t>& stops = r.stop_ids.empty() ? model_.tokenizer().end_of_generation_ids() : r.stop_ids;
+    if (!r.ignore_eos && std::find(stops.begin(), stops.end(), token) != stops.end()) {
+      results[i].finish = FinishReason::kEndOfGeneration;
+      s.done = true;
+      return;
+    }
+    results[i].tokens.push_back(token);
+    ++st.generated_tokens;
+    if (on_token && !on_token(i, token)) {
+      results[i].finish = FinishReason::kStopped;
+      s.done = true;
+    } else if (static_cast<int64_t>(results[i].tokens.size()) >= r.max_new_tokens) {
+      results[i].finish = FinishReason::kLength;
+      s.done = true;
+    } else if (s.kv.length(0) >= config.context_length) {
+      results[i].finish = FinishReason::kContext;
+      s.done = true;
+    } else {
+      s.step_token = {token};
+    }
+  };
+
+  at::Tensor logits;
+  const auto prefill_start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i].max_new_tokens <= 0) state[i].done = true;
+  }
+  for (;;) {
+    std::vector<ForwardItem> batch;
+    std::vector<size_t> finishing;  // requests whose last prompt chunk is in this batch
+    for (size_t i = 0; i < requests.size(); ++i) {
+      RequestState& s = state[i];
+      const auto n = static_cast<int64_t>(requests[i].prompt.size());
+      if (s.done || s.prefilled >= n) continue;
+      const int64_t take = std::min(options_.prefill_chunk, n - s.prefilled);
+      s.positions.resize(take);
+      std::iota(s.positions.begin(), s.positions.end(), static_cast<int32_t>(s.prefilled));
+      const bool last = s.prefilled + take == n;
+      batch.push_back({std::span<const int32_t>(requests[i].prompt).subspan(s.prefilled, take), s.positions, &s.kv,
+                       last ? LogitRows::kLast : LogitRows::kNone});
+      if (last) finishing.push_back(i);
+      s.prefilled += take;
+    }
+    if (batch.empty()) break;
+    Status status = model_.forward(batch, pool_, &logits);
+    if (!status.ok()) {
+      release_all();
+      return status;
+    }
+    for (size_t j = 0; j < finishing.size(); ++j) {
+      const size_t i = finishing[j];
+      accept(i, select_token(logits[j].data_ptr<float>(), vocab, requests[i].sampling, state[i].rng));
+    }
+  }
+  st.prefill_seconds = seconds_since(prefill_start);
+
+  const auto decode_start = std::chrono::steady_clock::now();
+  for (;;) {
+    std::vector<ForwardItem> batch;
+    std::vector<size_t> active;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      RequestState& s = state[i];
+      if (s.done) continue;
+      s.positions = {static_cast<int32_t>(s.kv.length(0))};
+      batch.push_back({s.step_token, s.positions, &s.kv, LogitRows::kLast});
+      active.push_back(i);
+    }
+    if (batch.empty()) break;
+    Status status = model_.forward(batch, pool_, &logits);
+    if (!status.ok()) {
+      release_all();
+      return status;
+    }
+    ++st.decode_steps;
+    for (size_t j = 0; j < active.size(); ++j) {
+      const size_t i = active[j];
+      accept(i, select_token(logits[j].data_ptr<float>(), vocab, requests[i].sampling, state[i].rng));
+    }
+  }
+  st.decode_seconds = seconds_since(decode_start);
+  release_all();
+  return results;
+}
+
+}  // namespace vericache

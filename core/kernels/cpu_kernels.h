@@ -1,0 +1,61 @@
+// Float32 CPU kernels whose results do not depend on how many rows a call computes.
+//
+// Row-count invariance is what makes VeriCache's verify forward (x+1 rows per request) agree
+// bitwise with one-token decoding: every output value here is a function of its own row's inputs
+// only, computed with a reduction order that depends on the reduced length alone — never on the
+// number of rows, the batch composition, the tile a value falls in, or the thread count. Kernels
+// split work across threads by output column or by (request, KV head, row tile) only, never
+// along a reduction.
+//
+// Each kernel exists in an AVX-512 build and a portable build that perform the same IEEE-754
+// operations lane by lane (kernels/simd.h), so both give identical bits; the AVX-512 one is used
+// when the CPU has it. Pointers are raw float32 arrays owned by the caller.
+// Thread-safety: every function may be called concurrently on disjoint outputs.
+#pragma once
+
+#include <cstdint>
+
+namespace vericache::cpu {
+
+// Paged attention over one request's cache for one layer (see kv/page_pool.h for the layout):
+//   K pages: [num_pages][n_kv_heads][head_dim][page_size]  (keys transposed within a page)
+//   V pages: [num_pages][n_kv_heads][page_size][head_dim]
+// The request's new rows are already written at slots cached_len .. cached_len + n_rows - 1;
+// row i attends to slots [0, cached_len + i] (causal within the new rows).
+struct PagedAttentionArgs {
+  const float* q = nullptr;      // [n_rows][n_heads][head_dim], row stride q_row_stride
+  int64_t q_row_stride = 0;
+  float* out = nullptr;          // [n_rows][n_heads][head_dim], row stride out_row_stride
+  int64_t out_row_stride = 0;
+  const float* k_pages = nullptr;
+  const float* v_pages = nullptr;
+  const int32_t* block_table = nullptr;  // logical page -> physical page
+  int64_t page_size = 0;                 // a multiple of 16
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;                  // 64 or 128
+  int64_t cached_len = 0;
+  int64_t n_rows = 0;
+  float scale = 0;
+};
+
+struct KernelTable {
+  const char* isa;  // "avx512" or "portable"
+  // y[m, n] = sum_k x[m, k] * w[n, k] for m < M and n in [n0, n1). w: [N][K] contiguous.
+  void (*linear)(const float* x, int64_t ldx, int64_t m, int64_t k, const float* w, int64_t n0, int64_t n1,
+                 float* y, int64_t ldy);
+  // y = x / sqrt(mean(x^2) + eps) * weight, one row of length d.
+  void (*rms_norm)(const float* x, int64_t d, const float* weight, float eps, float* y);
+  // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + e^-g).
+  void (*silu_mul)(const float* gate, const float* up, int64_t n, float* out);
+  // Rows [row0, row1) of one request for the query heads that share KV head `kv_head`.
+  void (*attention)(const PagedAttentionArgs& args, int64_t kv_head, int64_t row0, int64_t row1);
+};
+
+// The AVX-512 table when the CPU supports AVX-512F, else the portable one.
+const KernelTable& best_kernels();
+const KernelTable& portable_kernels();
+// nullptr when the CPU lacks AVX-512F.
+const KernelTable* avx512_kernels();
+
+}  // namespace vericache::cpu

@@ -1,0 +1,12 @@
+// The AVX-512 build of the CPU kernels (compiled with -mavx512f; see core/CMakeLists.txt).
+#define VC_KERNEL_NAMESPACE avx512
+#include "kernels/cpu_kernels_impl.h"
+
+namespace vericache::cpu {
+
+const KernelTable& avx512_kernel_table() {
+  static const KernelTable table{"avx512", avx512::linear, avx512::rms_norm, avx512::silu_mul, avx512::attention};
+  return table;
+}
+
+}  // namespace vericache::cpu

@@ -1,0 +1,271 @@
+// Kernel bodies shared by the AVX-512 and portable builds. Included once per build by
+// cpu_kernels_avx512.cpp / cpu_kernels_portable.cpp, which define VC_KERNEL_NAMESPACE.
+// See cpu_kernels.h for the invariance contract each function keeps.
+#pragma once
+
+#ifndef VC_KERNEL_NAMESPACE
+#error "define VC_KERNEL_NAMESPACE before including cpu_kernels_impl.h"
+#endif
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu_kernels.h"
+#include "kernels/simd.h"
+
+namespace vericache::cpu::VC_KERNEL_NAMESPACE {
+
+using simd::Vec16;
+
+constexpr int kMaxQueries = 16;  // query vectors (rows x heads of a group) per attention score tile
+
+// ---------------------------------------------------------------------------------------------
+// linear: each y[m, n] is one 16-lane accumulator running over k in order, then reduce_add.
+
+template <int MR, int NR>
+void linear_tile(const float* x, int64_t ldx, int64_t k_total, const float* w, float* y, int64_t ldy) {
+  Vec16 acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) acc[m][n] = simd::zero();
+  int64_t k = 0;
+  for (; k + simd::kLanes <= k_total; k += simd::kLanes) {
+    Vec16 wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = simd::load(w + n * k_total + k);
+    for (int m = 0; m < MR; ++m) {
+      const Vec16 xv = simd::load(x + m * ldx + k);
+      for (int n = 0; n < NR; ++n) acc[m][n] = simd::fma(xv, wv[n], acc[m][n]);
+    }
+  }
+  if (k < k_total) {
+    const int rest = static_cast<int>(k_total - k);
+    Vec16 wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = simd::load_partial(w + n * k_total + k, rest);
+    for (int m = 0; m < MR; ++m) {
+      const Vec16 xv = simd::load_partial(x + m * ldx + k, rest);
+      for (int n = 0; n < NR; ++n) acc[m][n] = simd::fma(xv, wv[n], acc[m][n]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) y[m * ldy + n] = simd::reduce_add(acc[m][n]);
+}
+
+template <int MR>
+void linear_row_tile(const float* x, int64_t ldx, int64_t k, const float* w, int64_t n0, int64_t n1, float* y,
+                     int64_t ldy) {
+  // Few rows: wider column tiles keep enough independent accumulators in flight.
+  constexpr int kNR = MR >= 3 ? 4 : 8;
+  int64_t n = n0;
+  for (; n + kNR <= n1; n += kNR) linear_tile<MR, kNR>(x, ldx, k, w + n * k, y + n, ldy);
+  for (; n < n1; ++n) linear_tile<MR, 1>(x, ldx, k, w + n * k, y + n, ldy);
+}
+
+inline void linear(const float* x, int64_t ldx, int64_t m_total, int64_t k, const float* w, int64_t n0, int64_t n1,
+                   float* y, int64_t ldy) {
+  // Columns in blocks whose weights stay in L1/L2 while all rows stream past them.
+  constexpr int64_t kColumnBlock = 32;
+  for (int64_t nb = n0; nb < n1; nb += kColumnBlock) {
+    const int64_t ne = std::min(n1, nb + kColumnBlock);
+    int64_t m = 0;
+    for (; m + 4 <= m_total; m += 4) linear_row_tile<4>(x + m * ldx, ldx, k, w, nb, ne, y + m * ldy, ldy);
+    switch (m_total - m) {
+      case 3: linear_row_tile<3>(x + m * ldx, ldx, k, w, nb, ne, y + m * ldy, ldy); break;
+      case 2: linear_row_tile<2>(x + m * ldx, ldx, k, w, nb, ne, y + m * ldy, ldy); break;
+      case 1: linear_row_tile<1>(x + m * ldx, ldx, k, w, nb, ne, y + m * ldy, ldy); break;
+      default: break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row-wise element kernels.
+
+// Sum over [0, n) with 16-lane accumulation in index order and the fixed reduction tree.
+template <typename LoadFn>
+float ordered_sum(int64_t n, LoadFn load_at) {
+  Vec16 acc = simd::zero();
+  int64_t i = 0;
+  for (; i + simd::kLanes <= n; i += simd::kLanes) acc = simd::add(acc, load_at(i, simd::kLanes));
+  if (i < n) acc = simd::add(acc, load_at(i, static_cast<int>(n - i)));
+  return simd::reduce_add(acc);
+}
+
+inline void rms_norm(const float* x, int64_t d, const float* weight, float eps, float* y) {
+  const float sum_sq = ordered_sum(d, [&](int64_t i, int lanes) {
+    const Vec16 v = lanes == simd::kLanes ? simd::load(x + i) : simd::load_partial(x + i, lanes);
+    return simd::mul(v, v);
+  });
+  const float inv = 1.0f / std::sqrt(sum_sq / static_cast<float>(d) + eps);
+  const Vec16 vinv = simd::set1(inv);
+  int64_t i = 0;
+  for (; i + simd::kLanes <= d; i += simd::kLanes) {
+    simd::store(y + i, simd::mul(simd::mul(simd::load(x + i), vinv), simd::load(weight + i)));
+  }
+  if (i < d) {
+    const int rest = static_cast<int>(d - i);
+    simd::store_partial(y + i,
+                        simd::mul(simd::mul(simd::load_partial(x + i, rest), vinv), simd::load_partial(weight + i, rest)),
+                        rest);
+  }
+}
+
+inline Vec16 silu_mul_vec(Vec16 g, Vec16 u) {
+  const Vec16 one = simd::set1(1.0f);
+  const Vec16 e = simd::exp(simd::sub(simd::zero(), g));
+  return simd::mul(simd::div(g, simd::add(one, e)), u);
+}
+
+inline void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + simd::kLanes <= n; i += simd::kLanes) {
+    simd::store(out + i, silu_mul_vec(simd::load(gate + i), simd::load(up + i)));
+  }
+  if (i < n) {
+    const int rest = static_cast<int>(n - i);
+    simd::store_partial(out + i, silu_mul_vec(simd::load_partial(gate + i, rest), simd::load_partial(up + i, rest)), rest);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Paged attention. For one (row, head): scores s_j = (q . k_j) * scale with the dot product a
+// chain of fused multiply-adds over d in order; softmax with max, e_j = exp(s_j - max) and an
+// ordered 16-lane sum; out = (sum_j e_j v_j in slot order) / sum. Only the row's own length
+// enters, so neither the number of rows nor the tiling changes a bit.
+
+// Scores for T query vectors (rows x heads of one KV head) over slots [0, n_slots), in blocks of
+// 16 slots; a block never straddles pages because page_size is a multiple of 16.
+template <int HD, int T>
+void attention_scores(const PagedAttentionArgs& a, int64_t kv_head, const float* const* q, int64_t n_slots,
+                      float* const* scores) {
+  const Vec16 vscale = simd::set1(a.scale);
+  for (int64_t s0 = 0; s0 < n_slots; s0 += simd::kLanes) {
+    const int64_t page = a.block_table[s0 / a.page_size];
+    const float* kt = a.k_pages + ((page * a.n_kv_heads + kv_head) * HD) * a.page_size + s0 % a.page_size;
+    Vec16 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = simd::zero();
+    for (int d = 0; d < HD; ++d) {
+      const Vec16 kv = simd::load(kt + d * a.page_size);
+      for (int t = 0; t < T; ++t) acc[t] = simd::fma(simd::set1(q[t][d]), kv, acc[t]);
+    }
+    for (int t = 0; t < T; ++t) simd::store(scores[t] + s0, simd::mul(acc[t], vscale));
+  }
+}
+
+// In place: scores[0, len) -> exp(s - max). Returns the ordered sum of the exponentials.
+inline float softmax_numerators(float* scores, int64_t len) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < len; ++j) m = scores[j] > m ? scores[j] : m;
+  const Vec16 vm = simd::set1(m);
+  int64_t j = 0;
+  for (; j + simd::kLanes <= len; j += simd::kLanes) {
+    simd::store(scores + j, simd::exp(simd::sub(simd::load(scores + j), vm)));
+  }
+  if (j < len) {
+    const int rest = static_cast<int>(len - j);
+    simd::store_partial(scores + j, simd::exp(simd::sub(simd::load_partial(scores + j, rest), vm)), rest);
+  }
+  return ordered_sum(len, [&](int64_t i, int lanes) {
+    return lanes == simd::kLanes ? simd::load(scores + i) : simd::load_partial(scores + i, lanes);
+  });
+}
+
+// out_t = (sum_j e_t[j] v_j) / sum_t for NQ query vectors of one row (same length).
+template <int HD, int NQ>
+void attention_values(const PagedAttentionArgs& a, int64_t kv_head, int64_t len, const float* const* e,
+                      const float* sums, float* const* out) {
+  constexpr int kVecs = HD / simd::kLanes;
+  Vec16 acc[NQ][kVecs];
+  for (int t = 0; t < NQ; ++t)
+    for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::zero();
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t page = a.block_table[j / a.page_size];
+    const float* vp = a.v_pages + ((page * a.n_kv_heads + kv_head) * a.page_size + j % a.page_size) * HD;
+    Vec16 vv[kVecs];
+    for (int v = 0; v < kVecs; ++v) vv[v] = simd::load(vp + v * simd::kLanes);
+    for (int t = 0; t < NQ; ++t) {
+      const Vec16 w = simd::set1(e[t][j]);
+      for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::fma(w, vv[v], acc[t][v]);
+    }
+  }
+  for (int t = 0; t < NQ; ++t) {
+    const Vec16 s = simd::set1(sums[t]);
+    for (int v = 0; v < kVecs; ++v) simd::store(out[t] + v * simd::kLanes, simd::div(acc[t][v], s));
+  }
+}
+
+template <int HD>
+void attention_scores_dispatch(const PagedAttentionArgs& a, int64_t kv_head, const float* const* q, int count,
+                               int64_t n_slots, float* const* scores) {
+  switch (count) {
+#define VC_CASE(T) \
+  case T: attention_scores<HD, T>(a, kv_head, q, n_slots, scores); break;
+    VC_CASE(1) VC_CASE(2) VC_CASE(3) VC_CASE(4) VC_CASE(5) VC_CASE(6) VC_CASE(7) VC_CASE(8)
+    VC_CASE(9) VC_CASE(10) VC_CASE(11) VC_CASE(12) VC_CASE(13) VC_CASE(14) VC_CASE(15) VC_CASE(16)
+#undef VC_CASE
+    default: break;
+  }
+}
+
+template <int HD>
+void attention_values_dispatch(const PagedAttentionArgs& a, int64_t kv_head, int64_t len, const float* const* e,
+                               const float* sums, int count, float* const* out) {
+  switch (count) {
+    case 1: attention_values<HD, 1>(a, kv_head, len, e, sums, out); break;
+    case 2: attention_values<HD, 2>(a, kv_head, len, e, sums, out); break;
+    case 3: attention_values<HD, 3>(a, kv_head, len, e, sums, out); break;
+    case 4: attention_values<HD, 4>(a, kv_head, len, e, sums, out); break;
+    default: break;
+  }
+}
+
+// Requires n_heads / n_kv_heads <= kMaxQueries (checked when the model loads).
+template <int HD>
+void attention_hd(const PagedAttentionArgs& a, int64_t kv_head, int64_t row0, int64_t row1) {
+  const int64_t group = a.n_heads / a.n_kv_heads;
+  const int64_t rows_per_tile = std::max<int64_t>(1, kMaxQueries / group);
+  const int64_t stride = (a.cached_len + row1 + simd::kLanes - 1) / simd::kLanes * simd::kLanes;
+  thread_local std::vector<float> scratch;
+  const int64_t tile_queries = std::min<int64_t>(kMaxQueries, rows_per_tile * group);
+  if (static_cast<int64_t>(scratch.size()) < tile_queries * stride) scratch.resize(tile_queries * stride);
+
+  for (int64_t r0 = row0; r0 < row1; r0 += rows_per_tile) {
+    const int64_t r1 = std::min(row1, r0 + rows_per_tile);
+    // Query vectors (row-major over rows, then heads of the group) and their score rows.
+    const float* q[kMaxQueries];
+    float* scores[kMaxQueries];
+    int count = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t g = 0; g < group; ++g, ++count) {
+        q[count] = a.q + r * a.q_row_stride + (kv_head * group + g) * HD;
+        scores[count] = scratch.data() + count * stride;
+      }
+    }
+    const int64_t n_slots = a.cached_len + r1;  // the longest row in the tile
+    attention_scores_dispatch<HD>(a, kv_head, q, count, (n_slots + simd::kLanes - 1) / simd::kLanes * simd::kLanes,
+                                  scores);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t len = a.cached_len + r + 1;
+      const int64_t first = (r - r0) * group;
+      float sums[kMaxQueries];
+      float* out[kMaxQueries];
+      for (int64_t g = 0; g < group; ++g) {
+        sums[first + g] = softmax_numerators(scores[first + g], len);
+        out[first + g] = a.out + r * a.out_row_stride + (kv_head * group + g) * HD;
+      }
+      for (int64_t g = 0; g < group; g += 4) {
+        const int n = static_cast<int>(std::min<int64_t>(4, group - g));
+        attention_values_dispatch<HD>(a, kv_head, len, scores + first + g, sums + first + g, n, out + first + g);
+      }
+    }
+  }
+}
+
+inline void attention(const PagedAttentionArgs& a, int64_t kv_head, int64_t row0, int64_t row1) {
+  if (a.head_dim == 64) {
+    attention_hd<64>(a, kv_head, row0, row1);
+  } else {
+    attention_hd<128>(a, kv_head, row0, row1);
+  }
+}
+
+}  // namespace vericache::cpu::VC_KERNEL_NAMESPACE

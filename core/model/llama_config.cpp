@@ -1,0 +1,83 @@
+#include "model/llama_config.h"
+
+namespace vericache {
+
+Result<LlamaConfig> LlamaConfig::from_gguf(const GgufFile& file) {
+  const std::string& path = file.path();
+  LlamaConfig c;
+  VC_ASSIGN_OR_RETURN(c.architecture, file.get_string("general.architecture"));
+  if (c.architecture != "llama") {
+    return Status::not_supported(path + ": architecture '" + c.architecture + "' is not supported (llama is)");
+  }
+  if (auto name = file.get_string("general.name"); name.ok()) c.name = *name;
+  const std::string a = c.architecture + ".";
+  VC_ASSIGN_OR_RETURN(c.n_layers, file.get_int(a + "block_count"));
+  VC_ASSIGN_OR_RETURN(c.d_model, file.get_int(a + "embedding_length"));
+  VC_ASSIGN_OR_RETURN(c.d_ff, file.get_int(a + "feed_forward_length"));
+  VC_ASSIGN_OR_RETURN(c.n_heads, file.get_int(a + "attention.head_count"));
+  c.n_kv_heads = c.n_heads;
+  if (file.find(a + "attention.head_count_kv") != nullptr) {
+    VC_ASSIGN_OR_RETURN(c.n_kv_heads, file.get_int(a + "attention.head_count_kv"));
+  }
+  VC_ASSIGN_OR_RETURN(c.context_length, file.get_int(a + "context_length"));
+  VC_ASSIGN_OR_RETURN(c.rms_norm_eps, file.get_float(a + "attention.layer_norm_rms_epsilon"));
+  if (file.find(a + "rope.freq_base") != nullptr) {
+    VC_ASSIGN_OR_RETURN(c.rope_freq_base, file.get_float(a + "rope.freq_base"));
+  }
+  if (const GgufValue* scaling = file.find(a + "rope.scaling.type")) {
+    const auto* s = std::get_if<std::string>(&scaling->data);
+    if (s == nullptr || (*s != "none" && !s->empty())) {
+      return Status::not_supported(path + ": RoPE scaling '" + (s ? *s : std::string("?")) + "' is not supported");
+    }
+  }
+  const GgufTensorInfo* embd = file.find_tensor("token_embd.weight");
+  if (embd == nullptr) return Status::not_found(path + ": missing tensor 'token_embd.weight'");
+  c.vocab_size = embd->dims.size() == 2 ? embd->dims[1] : 0;
+  if (file.find(a + "vocab_size") != nullptr) {
+    VC_ASSIGN_OR_RETURN(int64_t v, file.get_int(a + "vocab_size"));
+    if (v != c.vocab_size) {
+      return Status::corruption(path + ": " + a + "vocab_size is " + std::to_string(v) + " but token_embd.weight has " +
+                                std::to_string(c.vocab_size) + " rows");
+    }
+  }
+
+  auto positive = [&](int64_t v, const char* key) -> Status {
+    if (v <= 0) return Status::corruption(path + ": " + a + key + " must be positive, got " + std::to_string(v));
+    return Status();
+  };
+  VC_RETURN_IF_ERROR(positive(c.n_layers, "block_count"));
+  VC_RETURN_IF_ERROR(positive(c.d_model, "embedding_length"));
+  VC_RETURN_IF_ERROR(positive(c.d_ff, "feed_forward_length"));
+  VC_RETURN_IF_ERROR(positive(c.n_heads, "attention.head_count"));
+  VC_RETURN_IF_ERROR(positive(c.n_kv_heads, "attention.head_count_kv"));
+  VC_RETURN_IF_ERROR(positive(c.context_length, "context_length"));
+  if (c.d_model % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0) {
+    return Status::corruption(path + ": embedding_length " + std::to_string(c.d_model) + ", head_count " +
+                              std::to_string(c.n_heads) + " and head_count_kv " + std::to_string(c.n_kv_heads) +
+                              " do not divide evenly");
+  }
+  c.head_dim = c.d_model / c.n_heads;
+  if (file.find(a + "rope.dimension_count") != nullptr) {
+    VC_ASSIGN_OR_RETURN(int64_t rope_dim, file.get_int(a + "rope.dimension_count"));
+    if (rope_dim != c.head_dim) {
+      return Status::not_supported(path + ": partial RoPE (rope.dimension_count " + std::to_string(rope_dim) +
+                                   " < head_dim " + std::to_string(c.head_dim) + ") is not supported");
+    }
+  }
+  if (c.head_dim != 64 && c.head_dim != 128) {
+    return Status::not_supported(path + ": head_dim " + std::to_string(c.head_dim) +
+                                 " is not supported by the CPU kernels (64 and 128 are)");
+  }
+  if (c.n_heads / c.n_kv_heads > 16) {
+    return Status::not_supported(path + ": more than 16 query heads per KV head is not supported");
+  }
+  return c;
+}
+
+int64_t LlamaConfig::parameter_count(bool tied_embeddings) const {
+  const int64_t kv = n_kv_heads * head_dim;
+  const int64_t per_layer = 2 * d_model + d_model * d_model * 2 + 2 * d_model * kv + 3 * d_model * d_ff;
+  return n_layers * per_layer + d_model + vocab_size * d_model * (tied_embeddings ? 1 : 2);
+}
+
+}  // namespace vericache

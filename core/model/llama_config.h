@@ -1,0 +1,35 @@
+// LlamaConfig: the hyper-parameters of a Llama-family model, read from GGUF metadata.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <vericache/status.h>
+
+#include "model/gguf_file.h"
+
+namespace vericache {
+
+struct LlamaConfig {
+  std::string architecture;  // general.architecture ("llama")
+  std::string name;          // general.name, "" when absent
+  int64_t n_layers = 0;
+  int64_t d_model = 0;       // embedding_length
+  int64_t d_ff = 0;          // feed_forward_length
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;      // d_model / n_heads
+  int64_t context_length = 0;
+  int64_t vocab_size = 0;
+  double rope_freq_base = 10000.0;
+  double rms_norm_eps = 1e-5;
+
+  // Reads `<arch>.*` keys. NotSupported for an architecture other than llama, rope scaling, or a
+  // shape the kernels cannot run (head_dim not 64 or 128, more than 16 query heads per KV head).
+  static Result<LlamaConfig> from_gguf(const GgufFile& file);
+
+  // Parameters, counting tied embeddings once.
+  int64_t parameter_count(bool tied_embeddings) const;
+};
+
+}  // namespace vericache

@@ -1,0 +1,114 @@
+// LlamaModel: a Llama-family transformer loaded from a GGUF file, with its tokenizer and chat
+// template, running batched forwards over paged KV caches.
+//
+// Architecture: token embedding -> n_layers x [RMSNorm -> Q/K/V projections -> RoPE (adjacent
+// channel pairs, as GGUF stores Llama's Q/K weights) -> grouped-query causal attention over the
+// paged cache -> output projection -> residual; RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm ->
+// output projection (the token embedding when the file has no `output.weight`: tied embeddings).
+//
+// One forward takes a batch of requests, each with any number of new tokens (a prompt chunk, one
+// decode token, or a verify window of x+1 tokens), appends their K/V to the request's cache and
+// returns logits for the rows asked for. On the CPU every kernel is row-count invariant
+// (kernels/cpu_kernels.h): the logits of a token do not depend on how many tokens of its request
+// the forward computes, nor on the other requests in the batch, nor on the thread count.
+//
+// Ownership: the model owns its weights, tokenizer and chat template; forward() borrows caches
+// and the pool. Thread-safety: const methods may run concurrently; forward() calls sharing a pool
+// or a cache must be serialised by the caller.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <vericache/status.h>
+
+#include "kernels/cpu_kernels.h"
+#include "kv/page_pool.h"
+#include "kv/sequence_kv.h"
+#include "model/chat_template.h"
+#include "model/llama_config.h"
+#include "model/tokenizer.h"
+
+namespace vericache {
+
+enum class LogitRows {
+  kNone,  // no logits for this request (e.g. a prompt chunk that is not the last)
+  kLast,  // the last new token's row
+  kAll,   // every new token's row (verify windows, tests)
+};
+
+struct ForwardItem {
+  std::span<const int32_t> tokens;     // [n] new tokens
+  std::span<const int32_t> positions;  // [n] RoPE positions: the tokens' positions in the uncompressed sequence
+  SequenceKv* kv = nullptr;            // receives n slots in every layer
+  LogitRows logits = LogitRows::kLast;
+};
+
+class LlamaModel {
+ public:
+  // Opens, validates and dequantizes the GGUF file at `path` into float32 CPU weights.
+  // Errors name the file and the problem (see GgufFile, LlamaConfig, Tokenizer). Kernels run on
+  // ThreadPool::global().
+  static Result<std::unique_ptr<LlamaModel>> load(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const LlamaConfig& config() const { return config_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  bool tied_embeddings() const { return tied_embeddings_; }
+  // The file's quantization, e.g. "Q4_1" (most common type among the 2-D weights).
+  const std::string& weight_type() const { return weight_type_; }
+  // The recognised chat template, or the reason there is none.
+  Result<ChatTemplate> chat_template() const;
+
+  KvPageSpec kv_page_spec(int64_t page_size) const;
+  // A pool for this model's KV: float32 on the CPU.
+  Result<PagePool> make_page_pool(int64_t page_size, int64_t num_pages) const;
+
+  // Runs one forward over `batch`. `logits` receives [rows, vocab] float32, the rows of the items
+  // in batch order (per item: none, its last token, or all its tokens).
+  // InvalidArgument (nothing changed) for a token id outside the vocabulary, a position past the
+  // context length, mismatched token/position counts or a cache of another model; OutOfPages
+  // (nothing changed) when the pool cannot hold the new slots of the whole batch.
+  Status forward(std::span<const ForwardItem> batch, PagePool& pool, at::Tensor* logits) const;
+
+  // The kernels in use ("avx512" or "portable"); tests switch them to compare the two builds.
+  const cpu::KernelTable& kernels() const { return *kernels_; }
+  void set_kernels(const cpu::KernelTable& kernels) { kernels_ = &kernels; }
+
+ private:
+  struct Layer {
+    at::Tensor attn_norm;  // [d_model]
+    at::Tensor wqkv;       // [(n_heads + 2 n_kv_heads) head_dim, d_model]: Q, K, V rows stacked
+    at::Tensor wo;         // [d_model, n_heads head_dim]
+    at::Tensor ffn_norm;   // [d_model]
+    at::Tensor w_gate_up;  // [2 d_ff, d_model]: gate rows, then up rows
+    at::Tensor w_down;     // [d_model, d_ff]
+  };
+
+  LlamaModel() = default;
+  Status load_weights(const GgufFile& file);
+  void build_rope_table();
+  Status validate(std::span<const ForwardItem> batch, const PagePool& pool) const;
+
+  std::string path_;
+  LlamaConfig config_;
+  Tokenizer tokenizer_;
+  std::optional<ChatTemplate> chat_template_;
+  Status chat_template_status_;
+  bool tied_embeddings_ = true;
+  std::string weight_type_;
+  at::Tensor token_embedding_;  // [vocab, d_model]
+  at::Tensor output_norm_;      // [d_model]
+  at::Tensor output_;           // [vocab, d_model]; aliases token_embedding_ when tied
+  std::vector<Layer> layers_;
+  at::Tensor rope_cos_;         // [context_length, head_dim / 2]
+  at::Tensor rope_sin_;
+  const cpu::KernelTable* kernels_ = nullptr;
+};
+
+}  // namespace vericache

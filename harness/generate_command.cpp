@@ -1,0 +1,259 @@
+// vericache generate: full-KV text generation on a GGUF model.
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "engine/generator.h"
+#include "model/unicode.h"
+#include "util/thread_pool.h"
+
+namespace po = boost::program_options;
+
+namespace vericache::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string model;
+  std::string prompt;
+  std::string prompt_file;
+  std::string system;
+  bool no_chat_template = false;
+  int64_t max_tokens = 128;
+  double temperature = 0.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  int64_t batch = 1;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  int threads = 0;
+  int64_t page_size = 16;
+  int64_t prefill_chunk = 512;
+  bool json = false;
+};
+
+po::options_description describe(GenerateOptions& o) {
+  po::options_description d("vericache generate: generate text with full-KV decoding\n\nOptions");
+  // clang-format off
+  d.add_options()
+    ("help,h", "print this help and exit")
+    ("model", po::value(&o.model), "GGUF model file (default: $VERICACHE_MODEL, else the embedded "
+                                   "SmolLM2-135M-Instruct that harness/setup.sh installs)")
+    ("prompt,p", po::value(&o.prompt), "prompt text")
+    ("prompt-file,f", po::value(&o.prompt_file), "read the prompt from a file ('-' for standard input)")
+    ("system", po::value(&o.system), "system message (chat template only; default: the template's own)")
+    ("no-chat-template", po::bool_switch(&o.no_chat_template), "tokenize the prompt as is, without the chat template")
+    ("max-tokens,n", po::value(&o.max_tokens)->default_value(128), "maximum tokens to generate")
+    ("temperature,t", po::value(&o.temperature)->default_value(0.0), "sampling temperature; 0 is greedy")
+    ("top-k", po::value(&o.top_k)->default_value(0), "sample among the k most likely tokens; 0 keeps all")
+    ("top-p", po::value(&o.top_p)->default_value(1.0), "sample from the smallest set with this much probability mass")
+    ("seed", po::value(&o.seed)->default_value(0), "random seed; request i of a batch uses seed + i")
+    ("batch,b", po::value(&o.batch)->default_value(1), "generate this many completions of the prompt in one batch")
+    ("stop", po::value(&o.stop)->composing(), "stop when the generated text contains this string (repeatable)")
+    ("ignore-eos", po::bool_switch(&o.ignore_eos), "do not stop at end-of-generation tokens")
+    ("threads", po::value(&o.threads)->default_value(0), "CPU threads; 0 uses all cores")
+    ("page-size", po::value(&o.page_size)->default_value(16), "KV cache page size in tokens (a multiple of 16)")
+    ("prefill-chunk", po::value(&o.prefill_chunk)->default_value(512), "prompt tokens per request per prefill forward")
+    ("json", po::bool_switch(&o.json), "print one JSON object instead of streaming text");
+  // clang-format on
+  return d;
+}
+
+Result<std::string> read_prompt(const GenerateOptions& o) {
+  if (!o.prompt.empty() && !o.prompt_file.empty()) {
+    return Status::invalid_argument("give --prompt or --prompt-file, not both");
+  }
+  if (o.prompt_file.empty()) {
+    if (o.prompt.empty()) return Status::invalid_argument("no prompt: give --prompt TEXT or --prompt-file PATH");
+    return o.prompt;
+  }
+  std::stringstream ss;
+  if (o.prompt_file == "-") {
+    ss << std::cin.rdbuf();
+  } else {
+    std::ifstream in(o.prompt_file, std::ios::binary);
+    if (!in) return Status::not_found(o.prompt_file + ": cannot read the prompt file");
+    ss << in.rdbuf();
+  }
+  return ss.str();
+}
+
+Status check_options(const GenerateOptions& o) {
+  if (o.max_tokens < 0) return Status::invalid_argument("--max-tokens must be >= 0");
+  if (o.temperature < 0) return Status::invalid_argument("--temperature must be >= 0");
+  if (o.top_k < 0) return Status::invalid_argument("--top-k must be >= 0");
+  if (!(o.top_p > 0 && o.top_p <= 1)) return Status::invalid_argument("--top-p must be in (0, 1]");
+  if (o.batch < 1) return Status::invalid_argument("--batch must be >= 1");
+  if (o.prefill_chunk < 1) return Status::invalid_argument("--prefill-chunk must be >= 1");
+  if (!o.system.empty() && o.no_chat_template) {
+    return Status::invalid_argument("--system needs the chat template; drop --no-chat-template");
+  }
+  return Status();
+}
+
+// Prints generated text of one request as it arrives, holding back an unfinished UTF-8 sequence
+// and any tail that could still become a stop string.
+class TextStream {
+ public:
+  TextStream(const Tokenizer& tok, const std::vector<std::string>& stops) : tok_(tok), stops_(stops) {}
+
+  // Returns false once a stop string has appeared (the text is cut before it).
+  bool add(int32_t token) {
+    const size_t before = text_.size();
+    text_ += tok_.token_bytes(token);
+    for (const std::string& s : stops_) {
+      const size_t at = text_.find(s, before >= s.size() ? before - s.size() + 1 : 0);
+      if (at != std::string::npos) {
+        text_.resize(at);
+        return false;
+      }
+    }
+    return true;
+  }
+  // The text not printed yet that is safe to print: all of it when final.
+  std::string take(bool final) {
+    size_t end = text_.size();
+    if (!final) {
+      size_t hold = 0;
+      for (const std::string& s : stops_) hold = std::max(hold, s.size() - 1);
+      end = complete_utf8_prefix(std::string_view(text_).substr(0, end > hold ? end - hold : 0));
+    }
+    if (end <= printed_) return "";
+    std::string out = text_.substr(printed_, end - printed_);
+    printed_ = end;
+    return out;
+  }
+  const std::string& text() const { return text_; }
+
+ private:
+  const Tokenizer& tok_;
+  const std::vector<std::string>& stops_;
+  std::string text_;
+  size_t printed_ = 0;
+};
+
+}  // namespace
+
+int run_generate(int argc, char** argv) {
+  GenerateOptions o;
+  po::options_description desc = describe(o);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    return report_usage_error("generate", e.what());
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\nExamples:\n"
+              << "  vericache generate --prompt \"What is the capital of France?\" --max-tokens 64\n"
+              << "  vericache generate -f prompt.txt --no-chat-template --temperature 0.7 --seed 1 --json\n";
+    return kExitOk;
+  }
+  if (Status s = check_options(o); !s.ok()) return report_usage_error("generate", s.message());
+  auto prompt_text = read_prompt(o);
+  if (!prompt_text.ok()) {
+    return prompt_text.status().code() == StatusCode::kInvalidArgument
+               ? report_usage_error("generate", prompt_text.status().message())
+               : report_error(prompt_text.status());
+  }
+  set_threads(o.threads);
+
+  auto path = resolve_model_path(o.model);
+  if (!path.ok()) return report_error(path.status());
+  auto model = LlamaModel::load(*path);
+  if (!model.ok()) return report_error(model.status());
+  const LlamaModel& m = **model;
+  const Tokenizer& tok = m.tokenizer();
+
+  std::string rendered = *prompt_text;
+  if (!o.no_chat_template) {
+    auto chat = m.chat_template();
+    if (!chat.ok()) return report_error(chat.status());
+    std::vector<ChatMessage> messages;
+    if (!o.system.empty()) messages.push_back({"system", o.system});
+    messages.push_back({"user", *prompt_text});
+    rendered = chat->render(messages, /*add_generation_prompt=*/true);
+  }
+  std::vector<int32_t> prompt = tok.encode(rendered, /*parse_special=*/!o.no_chat_template);
+  if (tok.add_bos() && tok.bos_id() >= 0) prompt.insert(prompt.begin(), tok.bos_id());
+
+  std::vector<GenerationRequest> requests(o.batch);
+  for (int64_t i = 0; i < o.batch; ++i) {
+    requests[i].prompt = prompt;
+    requests[i].max_new_tokens = o.max_tokens;
+    requests[i].sampling = {o.temperature, o.top_k, o.top_p, o.seed + static_cast<uint64_t>(i)};
+    requests[i].ignore_eos = o.ignore_eos;
+  }
+  auto pool = m.make_page_pool(o.page_size, std::max<int64_t>(1, Generator::pages_needed(m, o.page_size, requests)));
+  if (!pool.ok()) return report_error(pool.status());
+
+  std::vector<TextStream> streams;
+  for (int64_t i = 0; i < o.batch; ++i) streams.emplace_back(tok, o.stop);
+  const bool stream_out = !o.json && o.batch == 1;
+  auto on_token = [&](size_t i, int32_t token) {
+    const bool go_on = streams[i].add(token);
+    if (stream_out) {
+      std::fputs(streams[i].take(false).c_str(), stdout);
+      std::fflush(stdout);
+    }
+    return go_on;
+  };
+
+  Generator generator(m, *pool);
+  GenerationStats stats;
+  auto results = generator.generate(requests, on_token, &stats);
+  if (!results.ok()) return report_error(results.status());
+
+  const double prefill_tok_s = stats.prefill_seconds > 0 ? stats.prompt_tokens / stats.prefill_seconds : 0;
+  const double decode_tok_s = stats.decode_seconds > 0 ? stats.generated_tokens / stats.decode_seconds : 0;
+  if (o.json) {
+    nlohmann::json out;
+    out["model"] = *path;
+    out["prompt_tokens"] = static_cast<int64_t>(prompt.size());
+    out["chat_template"] = !o.no_chat_template;
+    auto describe_result = [&](size_t i) {
+      nlohmann::json r;
+      r["tokens"] = (*results)[i].tokens;
+      r["text"] = streams[i].text();
+      r["finish_reason"] = finish_reason_name((*results)[i].finish);
+      return r;
+    };
+    if (o.batch == 1) {
+      out.update(describe_result(0));
+    } else {
+      out["requests"] = nlohmann::json::array();
+      for (size_t i = 0; i < results->size(); ++i) out["requests"].push_back(describe_result(i));
+    }
+    out["generated_tokens"] = stats.generated_tokens;
+    out["prefill_seconds"] = stats.prefill_seconds;
+    out["decode_seconds"] = stats.decode_seconds;
+    out["prefill_tok_s"] = prefill_tok_s;
+    out["decode_tok_s"] = decode_tok_s;
+    out["threads"] = ThreadPool::global().threads();
+    out["kernels"] = m.kernels().isa;
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    if (stream_out) {
+      std::fputs(streams[0].take(true).c_str(), stdout);
+      std::fputs("\n", stdout);
+    } else {
+      for (size_t i = 0; i < results->size(); ++i) {
+        std::printf("=== completion %zu (%s)\n%s\n", i, finish_reason_name((*results)[i].finish), streams[i].text().c_str());
+      }
+    }
+    std::fprintf(stderr,
+                 "\n[prompt %lld tokens x %lld: %.1f tok/s prefill | generated %lld tokens: %.1f tok/s decode | %d threads, %s kernels]\n",
+                 static_cast<long long>(prompt.size()), static_cast<long long>(o.batch), prefill_tok_s,
+                 static_cast<long long>(stats.generated_tokens), decode_tok_s, ThreadPool::global().threads(), m.kernels().isa);
+  }
+  return kExitOk;
+}
+
+}  // namespace vericache::cli

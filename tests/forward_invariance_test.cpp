@@ -1,0 +1,178 @@
+// Row-count invariance, the root of losslessness: on the real model, the logits of tokens
+// p..p+M-1 from one forward of M tokens equal, bit for bit, those of M one-token decodes over the
+// same cache, for M up to 64, whatever else shares the batch (1 to 8 requests), and with either
+// kernel build.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "test_support.h"
+
+namespace vericache {
+namespace {
+
+using testing::default_model;
+
+std::vector<int32_t> prompt_tokens(const LlamaModel& m, int64_t n, uint32_t seed) {
+  const std::string text = testing::read_file(testing::source_path("datasets/tokenizer_corpus/corpus.txt"));
+  std::vector<int32_t> all = m.tokenizer().encode(text.substr(seed * 7919 % 400000, 40000), false);
+  all.resize(n);
+  return all;
+}
+
+std::vector<int32_t> iota_positions(int64_t from, int64_t n) {
+  std::vector<int32_t> p(n);
+  std::iota(p.begin(), p.end(), static_cast<int32_t>(from));
+  return p;
+}
+
+// Runs `tokens` as one forward appended to `kv`, returning all rows' logits.
+at::Tensor run(const LlamaModel& m, PagePool& pool, SequenceKv& kv, std::span<const int32_t> tokens) {
+  const std::vector<int32_t> pos = iota_positions(kv.length(0), static_cast<int64_t>(tokens.size()));
+  ForwardItem item{tokens, pos, &kv, LogitRows::kAll};
+  at::Tensor logits;
+  Status s = m.forward(std::span<const ForwardItem>(&item, 1), pool, &logits);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return logits;
+}
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && std::memcmp(a.data_ptr<float>(), b.data_ptr<float>(), a.nbytes()) == 0;
+}
+
+// First row where a and b differ, or -1.
+int64_t first_different_row(const at::Tensor& a, const at::Tensor& b) {
+  for (int64_t r = 0; r < a.size(0); ++r) {
+    if (std::memcmp(a[r].data_ptr<float>(), b[r].data_ptr<float>(), a.size(1) * sizeof(float)) != 0) return r;
+  }
+  return -1;
+}
+
+TEST(ForwardInvariance, OneForwardOfMTokensEqualsMDecodes) {
+  const LlamaModel* m = default_model();
+  ASSERT_NE(m, nullptr);
+  auto pool = m->make_page_pool(16, 4096);
+  ASSERT_TRUE(pool.ok());
+  for (int64_t prefix : {1, 37, 300}) {
+    const std::vector<int32_t> tokens = prompt_tokens(*m, prefix + 64, static_cast<uint32_t>(prefix));
+    SequenceKv base(m->config().n_layers);
+    run(*m, *pool, base, std::span(tokens).first(prefix));
+    // The reference: 64 one-token decodes.
+    SequenceKv stepwise(m->config().n_layers);
+    run(*m, *pool, stepwise, std::span(tokens).first(prefix));
+    std::vector<at::Tensor> step_rows;
+    for (int64_t i = 0; i < 64; ++i) step_rows.push_back(run(*m, *pool, stepwise, std::span(tokens).subspan(prefix + i, 1)));
+    const at::Tensor reference = at::cat(step_rows, 0);
+    for (int64_t rows : {1, 2, 3, 7, 16, 17, 31, 64}) {
+      SequenceKv kv(m->config().n_layers);
+      run(*m, *pool, kv, std::span(tokens).first(prefix));
+      const at::Tensor window = run(*m, *pool, kv, std::span(tokens).subspan(prefix, rows));
+      const int64_t bad = first_different_row(window, reference.narrow(0, 0, rows));
+      EXPECT_EQ(bad, -1) << "prefix " << prefix << ", " << rows << "-row forward differs from decoding at row " << bad;
+      kv.release(*pool);
+    }
+    base.release(*pool);
+    stepwise.release(*pool);
+  }
+  EXPECT_EQ(pool->num_free(), pool->num_pages());
+}
+
+TEST(ForwardInvariance, IndependentOfTheRestOfTheBatch) {
+  const LlamaModel* m = default_model();
+  ASSERT_NE(m, nullptr);
+  auto pool = m->make_page_pool(16, 8192);
+  ASSERT_TRUE(pool.ok());
+  const int64_t layers = m->config().n_layers;
+  std::mt19937 rng(7);
+  for (int batch_size = 1; batch_size <= 8; ++batch_size) {
+    // Requests of different cached lengths and different numbers of new tokens.
+    std::vector<std::vector<int32_t>> tokens(batch_size);
+    std::vector<int64_t> cached(batch_size), fresh(batch_size);
+    std::vector<SequenceKv> solo, shared;
+    for (int i = 0; i < batch_size; ++i) {
+      cached[i] = 1 + rng() % 200;
+      fresh[i] = 1 + rng() % 24;
+      tokens[i] = prompt_tokens(*m, cached[i] + fresh[i], rng() % 1000);
+      solo.emplace_back(layers);
+      shared.emplace_back(layers);
+      run(*m, *pool, solo[i], std::span(tokens[i]).first(cached[i]));
+      run(*m, *pool, shared[i], std::span(tokens[i]).first(cached[i]));
+    }
+    std::vector<std::vector<int32_t>> positions(batch_size);
+    std::vector<ForwardItem> items;
+    for (int i = 0; i < batch_size; ++i) {
+      positions[i] = iota_positions(cached[i], fresh[i]);
+      items.push_back({std::span(tokens[i]).subspan(cached[i], fresh[i]), positions[i], &shared[i], LogitRows::kAll});
+    }
+    at::Tensor together;
+    ASSERT_TRUE(m->forward(items, *pool, &together).ok());
+    int64_t row = 0;
+    for (int i = 0; i < batch_size; ++i) {
+      const at::Tensor alone = run(*m, *pool, solo[i], std::span(tokens[i]).subspan(cached[i], fresh[i]));
+      EXPECT_TRUE(bitwise_equal(alone, together.narrow(0, row, fresh[i])))
+          << "batch of " << batch_size << ": request " << i << " (" << cached[i] << " cached, " << fresh[i]
+          << " new) differs from running alone";
+      row += fresh[i];
+      solo[i].release(*pool);
+      shared[i].release(*pool);
+    }
+  }
+}
+
+TEST(ForwardInvariance, PortableAndAvx512KernelsAgreeBitwise) {
+  const cpu::KernelTable* avx512 = cpu::avx512_kernels();
+  if (avx512 == nullptr) GTEST_SKIP() << "this CPU has no AVX-512";
+  auto loaded = LlamaModel::load(testing::default_model_path());
+  ASSERT_TRUE(loaded.ok());
+  LlamaModel& m = **loaded;
+  auto pool = m.make_page_pool(16, 1024);
+  ASSERT_TRUE(pool.ok());
+  const std::vector<int32_t> tokens = prompt_tokens(m, 40, 3);
+  at::Tensor results[2];
+  for (int k = 0; k < 2; ++k) {
+    m.set_kernels(k == 0 ? *avx512 : cpu::portable_kernels());
+    SequenceKv kv(m.config().n_layers);
+    run(m, *pool, kv, std::span(tokens).first(33));
+    results[k] = run(m, *pool, kv, std::span(tokens).subspan(33));
+    kv.release(*pool);
+  }
+  EXPECT_TRUE(bitwise_equal(results[0], results[1]));
+}
+
+TEST(ForwardErrors, BadInputChangesNothing) {
+  const LlamaModel* m = default_model();
+  ASSERT_NE(m, nullptr);
+  auto pool = m->make_page_pool(16, 40);
+  ASSERT_TRUE(pool.ok());
+  SequenceKv kv(m->config().n_layers);
+  const std::vector<int32_t> bad_token{5, 49152};
+  const std::vector<int32_t> two_positions{0, 1};
+  ForwardItem item{bad_token, two_positions, &kv, LogitRows::kLast};
+  at::Tensor logits;
+  EXPECT_EQ(m->forward(std::span(&item, 1), *pool, &logits).message(),
+            "forward: request 0: token id 49152 is outside the vocabulary [0, 49152)");
+  const std::vector<int32_t> tokens{5, 6};
+  const std::vector<int32_t> far{0, 8192};
+  item = {tokens, far, &kv, LogitRows::kLast};
+  EXPECT_EQ(m->forward(std::span(&item, 1), *pool, &logits).message(),
+            "forward: request 0: position 8192 is outside the model's context of 8192 tokens");
+  const std::vector<int32_t> one_position{0};
+  item = {tokens, one_position, &kv, LogitRows::kLast};
+  EXPECT_EQ(m->forward(std::span(&item, 1), *pool, &logits).message(), "forward: request 0: 2 tokens but 1 positions");
+  // 17 tokens need 2 pages of 16 slots in each of 30 layers; the pool has 40.
+  const std::vector<int32_t> many(17, 5);
+  const std::vector<int32_t> many_pos = iota_positions(0, 17);
+  item = {many, many_pos, &kv, LogitRows::kLast};
+  Status s = m->forward(std::span(&item, 1), *pool, &logits);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfPages);
+  EXPECT_EQ(s.message(), "KV page pool exhausted: the batch needs 60 pages, 40 of 40 free");
+  EXPECT_EQ(kv.length(0), 0);
+  EXPECT_EQ(pool->num_free(), 40);
+}
+
+}  // namespace
+}  // namespace vericache

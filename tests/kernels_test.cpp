@@ -1,0 +1,173 @@
+// CPU kernels against double-precision references, row-count invariance on random shapes, and
+// the AVX-512 / portable builds giving identical bits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu_kernels.h"
+#include "kernels/simd.h"
+
+namespace vericache::cpu {
+namespace {
+
+std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<const KernelTable*> tables() {
+  std::vector<const KernelTable*> t{&portable_kernels()};
+  if (avx512_kernels() != nullptr) t.push_back(avx512_kernels());
+  return t;
+}
+
+TEST(Kernels, LinearMatchesDoubleReferenceAndIsRowCountInvariant) {
+  for (const KernelTable* k : tables()) {
+    for (int64_t kdim : {16, 37, 576, 1536}) {
+      const int64_t n = 45, m_max = 19;
+      const auto x = random_vector(m_max * kdim, 1);
+      const auto w = random_vector(n * kdim, 2, 0.05f);
+      std::vector<float> all(m_max * n);
+      k->linear(x.data(), kdim, m_max, kdim, w.data(), 0, n, all.data(), n);
+      for (int64_t r = 0; r < m_max; ++r) {
+        for (int64_t c = 0; c < n; ++c) {
+          double ref = 0;
+          for (int64_t i = 0; i < kdim; ++i) ref += static_cast<double>(x[r * kdim + i]) * w[c * kdim + i];
+          ASSERT_NEAR(all[r * n + c], ref, 1e-4 * std::sqrt(static_cast<double>(kdim))) << k->isa;
+        }
+      }
+      // Any row computed alone, in any column range, gives the same bits.
+      for (int64_t r = 0; r < m_max; ++r) {
+        std::vector<float> one(n);
+        k->linear(x.data() + r * kdim, kdim, 1, kdim, w.data(), 0, 20, one.data(), n);
+        k->linear(x.data() + r * kdim, kdim, 1, kdim, w.data(), 20, n, one.data(), n);
+        ASSERT_EQ(std::memcmp(one.data(), all.data() + r * n, n * sizeof(float)), 0)
+            << k->isa << ": row " << r << " of K=" << kdim;
+      }
+    }
+  }
+}
+
+TEST(Kernels, BuildsAgreeBitwise) {
+  const KernelTable* fast = avx512_kernels();
+  if (fast == nullptr) GTEST_SKIP() << "this CPU has no AVX-512";
+  const KernelTable& slow = portable_kernels();
+  const int64_t m = 5, kdim = 200, n = 33;
+  const auto x = random_vector(m * kdim, 3);
+  const auto w = random_vector(n * kdim, 4);
+  std::vector<float> a(m * n), b(m * n);
+  fast->linear(x.data(), kdim, m, kdim, w.data(), 0, n, a.data(), n);
+  slow.linear(x.data(), kdim, m, kdim, w.data(), 0, n, b.data(), n);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+
+  const auto norm_w = random_vector(kdim, 5);
+  std::vector<float> na(kdim), nb(kdim);
+  fast->rms_norm(x.data(), kdim - 3, norm_w.data(), 1e-5f, na.data());
+  slow.rms_norm(x.data(), kdim - 3, norm_w.data(), 1e-5f, nb.data());
+  EXPECT_EQ(std::memcmp(na.data(), nb.data(), (kdim - 3) * sizeof(float)), 0);
+
+  const auto gate = random_vector(1000, 6, 8.0f);
+  std::vector<float> sa(1000), sb(1000);
+  fast->silu_mul(gate.data(), x.data(), 1000, sa.data());
+  slow.silu_mul(gate.data(), x.data(), 1000, sb.data());
+  EXPECT_EQ(std::memcmp(sa.data(), sb.data(), sa.size() * sizeof(float)), 0);
+}
+
+TEST(Kernels, ExpIsAccurateToTwoUlp) {
+  int max_ulp = 0;
+  for (float x = -103.0f; x < 88.5f; x += 0.0137f) {
+    float in[16], out[16];
+    for (int i = 0; i < 16; ++i) in[i] = x + i * 1e-3f;
+    simd::store(out, simd::exp(simd::load(in)));
+    for (int i = 0; i < 16; ++i) {
+      const float ref = static_cast<float>(std::exp(static_cast<double>(in[i])));
+      if (ref < 1e-37f) continue;  // subnormal results: absolute error only
+      int32_t a, b;
+      std::memcpy(&a, &out[i], 4);
+      std::memcpy(&b, &ref, 4);
+      max_ulp = std::max(max_ulp, std::abs(a - b));
+    }
+  }
+  EXPECT_LE(max_ulp, 2);
+  float big[16], out[16];
+  for (float& v : big) v = 100.0f;
+  simd::store(out, simd::exp(simd::load(big)));
+  EXPECT_TRUE(std::isinf(out[0]));
+  for (float& v : big) v = -200.0f;
+  simd::store(out, simd::exp(simd::load(big)));
+  EXPECT_EQ(out[0], 0.0f);
+}
+
+// Attention over a hand-made paged cache against a double-precision softmax reference, and each
+// row equal whether computed with its neighbours or alone.
+TEST(Kernels, PagedAttentionMatchesReferenceAndIsRowInvariant) {
+  const int64_t heads = 6, kv_heads = 2, hd = 64, ps = 16, pages = 8, cached = 70, rows = 9;
+  const int64_t group = heads / kv_heads;
+  auto kp = random_vector(pages * kv_heads * hd * ps, 7);
+  auto vp = random_vector(pages * kv_heads * ps * hd, 8);
+  const auto q = random_vector(rows * heads * hd, 9, 0.3f);
+  const std::vector<int32_t> table{5, 2, 7, 0, 3, 1, 6, 4};  // scattered pages
+  for (const KernelTable* k : tables()) {
+    std::vector<float> out(rows * heads * hd), single(heads * hd);
+    PagedAttentionArgs a;
+    a.q = q.data();
+    a.q_row_stride = heads * hd;
+    a.out = out.data();
+    a.out_row_stride = heads * hd;
+    a.k_pages = kp.data();
+    a.v_pages = vp.data();
+    a.block_table = table.data();
+    a.page_size = ps;
+    a.n_heads = heads;
+    a.n_kv_heads = kv_heads;
+    a.head_dim = hd;
+    a.cached_len = cached;
+    a.n_rows = rows;
+    a.scale = 0.125f;
+    for (int64_t g = 0; g < kv_heads; ++g) k->attention(a, g, 0, rows);
+    auto key = [&](int64_t slot, int64_t g, int64_t d) {
+      return kp[((table[slot / ps] * kv_heads + g) * hd + d) * ps + slot % ps];
+    };
+    auto value = [&](int64_t slot, int64_t g, int64_t d) {
+      return vp[((table[slot / ps] * kv_heads + g) * ps + slot % ps) * hd + d];
+    };
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t len = cached + r + 1;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t g = h / group;
+        std::vector<double> s(len);
+        double mx = -1e300, sum = 0;
+        for (int64_t j = 0; j < len; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < hd; ++d) dot += q[(r * heads + h) * hd + d] * static_cast<double>(key(j, g, d));
+          s[j] = dot * 0.125;
+          mx = std::max(mx, s[j]);
+        }
+        for (double& v : s) sum += (v = std::exp(v - mx));
+        for (int64_t d = 0; d < hd; ++d) {
+          double o = 0;
+          for (int64_t j = 0; j < len; ++j) o += s[j] * value(j, g, d);
+          ASSERT_NEAR(out[(r * heads + h) * hd + d], o / sum, 1e-5) << k->isa << " row " << r << " head " << h;
+        }
+      }
+      // The same row as a one-row call over a cache one slot longer per earlier row.
+      PagedAttentionArgs one = a;
+      one.q = q.data() + r * heads * hd;
+      one.out = single.data();
+      one.cached_len = cached + r;
+      one.n_rows = 1;
+      for (int64_t g = 0; g < kv_heads; ++g) k->attention(one, g, 0, 1);
+      ASSERT_EQ(std::memcmp(single.data(), out.data() + r * heads * hd, single.size() * sizeof(float)), 0)
+          << k->isa << " row " << r;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace vericache::cpu

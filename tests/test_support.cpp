@@ -1,0 +1,61 @@
+#include "test_support.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+namespace vericache::testing {
+
+std::string source_path(const std::string& relative) { return std::string(VC_SOURCE_DIR) + "/" + relative; }
+
+std::string model_path(const std::string& file_name) {
+  const std::string path = source_path(".models/" + file_name);
+  if (!std::filesystem::exists(path)) ADD_FAILURE() << path << " is missing: run harness/setup.sh";
+  return path;
+}
+
+std::string default_model_path() { return model_path("SmolLM2-135M-Instruct.Q4_1.gguf"); }
+
+const LlamaModel* default_model() {
+  static std::unique_ptr<LlamaModel> model;
+  static Status status;
+  if (model == nullptr && status.ok()) {
+    auto loaded = LlamaModel::load(default_model_path());
+    if (loaded.ok()) {
+      model = std::move(loaded).value();
+    } else {
+      status = loaded.status();
+    }
+  }
+  if (!status.ok()) ADD_FAILURE() << "cannot load the default model: " << status.message();
+  return model.get();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    ADD_FAILURE() << "cannot read " << path;
+    return "";
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string temp_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / "vericache_tests" /
+                              (std::string(info->test_suite_name()) + "." + info->name());
+  static std::string prepared;  // the directory is emptied once per test, on first use
+  if (prepared != dir.string()) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    prepared = dir.string();
+  }
+  return dir.string();
+}
+
+}  // namespace vericache::testing

@@ -1,0 +1,23 @@
+// Shared helpers for the test binaries: fixture and model paths, the default model loaded once.
+#pragma once
+
+#include <string>
+
+#include "model/llama_model.h"
+
+namespace vericache::testing {
+
+// A path under the source tree, e.g. source_path("tests/fixtures/gguf/all_types.gguf").
+std::string source_path(const std::string& relative);
+// A model file in .models/ (fetched by harness/setup.sh). Fails the current test, with a hint,
+// when it is missing.
+std::string model_path(const std::string& file_name);
+std::string default_model_path();
+// The default model, loaded once per test process; nullptr (and a failed test) when unavailable.
+const LlamaModel* default_model();
+// Reads a whole file; fails the test when it cannot.
+std::string read_file(const std::string& path);
+// A directory for the calling test under the system temp dir, emptied on the test's first call.
+std::string temp_dir();
+
+}  // namespace vericache::testing
