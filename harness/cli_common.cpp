@@ -1,6 +1,7 @@
 #include "cli_common.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/Device.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,33 @@ Result<std::string> resolve_model_path(const std::string& requested) {
                              " is missing; run harness/setup.sh to fetch it, or pass --model PATH");
   }
   return path;
+}
+
+Result<LoadOptions> parse_load_options(const std::string& device, const std::string& dtype) {
+  LoadOptions options;
+  try {
+    options.device = at::Device(device);
+  } catch (const std::exception&) {
+    return Status::invalid_argument("--device '" + device + "' is not a device (cpu, cuda, cuda:N)");
+  }
+  if (!options.device.is_cpu() && !options.device.is_cuda()) {
+    return Status::invalid_argument("--device '" + device + "': only cpu and cuda are supported");
+  }
+  if (dtype == "auto") {
+    options.dtype = options.device.is_cpu() ? at::kFloat : at::kBFloat16;
+  } else if (dtype == "float32") {
+    options.dtype = at::kFloat;
+  } else if (dtype == "bfloat16") {
+    options.dtype = at::kBFloat16;
+  } else if (dtype == "float16") {
+    options.dtype = at::kHalf;
+  } else {
+    return Status::invalid_argument("--dtype '" + dtype + "' is not one of auto, float32, bfloat16, float16");
+  }
+  if (options.device.is_cpu() && options.dtype != at::kFloat) {
+    return Status::invalid_argument("--dtype " + dtype + ": the CPU forward computes in float32");
+  }
+  return options;
 }
 
 void set_threads(int threads) {

@@ -5,6 +5,8 @@
 
 #include <vericache/status.h>
 
+#include "model/llama_model.h"
+
 namespace vericache::cli {
 
 // Exit codes of every subcommand.
@@ -21,6 +23,10 @@ std::string default_model_dir();
 // `requested` if not empty, else $VERICACHE_MODEL, else the default model; NotFound with a hint
 // to run harness/setup.sh when the default is missing.
 Result<std::string> resolve_model_path(const std::string& requested);
+
+// --device (cpu, cuda, cuda:N) and --dtype (float32, bfloat16, float16; "auto": float32 on the CPU,
+// bfloat16 on a GPU) as load options; InvalidArgument naming the bad value.
+Result<LoadOptions> parse_load_options(const std::string& device, const std::string& dtype);
 
 // Sets the kernel thread pool and libtorch's intra-op threads: `threads` if positive, else every
 // hardware thread.

@@ -33,6 +33,8 @@ struct GenerateOptions {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   int threads = 0;
+  std::string device = "cpu";
+  std::string dtype = "auto";
   int64_t page_size = 16;
   int64_t prefill_chunk = 512;
   bool json = false;
@@ -58,6 +60,8 @@ po::options_description describe(GenerateOptions& o) {
     ("stop", po::value(&o.stop)->composing(), "stop when the generated text contains this string (repeatable)")
     ("ignore-eos", po::bool_switch(&o.ignore_eos), "do not stop at end-of-generation tokens")
     ("threads", po::value(&o.threads)->default_value(0), "CPU threads; 0 uses all cores")
+    ("device", po::value(&o.device)->default_value("cpu"), "cpu, or cuda[:N] for the GPU forward")
+    ("dtype", po::value(&o.dtype)->default_value("auto"), "float32, bfloat16 or float16; auto: float32 on cpu, bfloat16 on cuda")
     ("page-size", po::value(&o.page_size)->default_value(16), "KV cache page size in tokens (a multiple of 16)")
     ("prefill-chunk", po::value(&o.prefill_chunk)->default_value(512), "prompt tokens per request per prefill forward")
     ("json", po::bool_switch(&o.json), "print one JSON object instead of streaming text");
@@ -157,6 +161,8 @@ int run_generate(int argc, char** argv) {
     return kExitOk;
   }
   if (Status s = check_options(o); !s.ok()) return report_usage_error("generate", s.message());
+  auto load_options = parse_load_options(o.device, o.dtype);
+  if (!load_options.ok()) return report_usage_error("generate", load_options.status().message());
   auto prompt_text = read_prompt(o);
   if (!prompt_text.ok()) {
     return prompt_text.status().code() == StatusCode::kInvalidArgument
@@ -167,7 +173,7 @@ int run_generate(int argc, char** argv) {
 
   auto path = resolve_model_path(o.model);
   if (!path.ok()) return report_error(path.status());
-  auto model = LlamaModel::load(*path);
+  auto model = LlamaModel::load(*path, *load_options);
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
   const Tokenizer& tok = m.tokenizer();
@@ -237,7 +243,8 @@ int run_generate(int argc, char** argv) {
     out["prefill_tok_s"] = prefill_tok_s;
     out["decode_tok_s"] = decode_tok_s;
     out["threads"] = ThreadPool::global().threads();
-    out["kernels"] = m.kernels().isa;
+    out["kernels"] = m.forward_path() == ForwardPath::kCpuKernels ? m.kernels().isa : "torch";
+    out["device"] = m.device().str();
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     if (stream_out) {
@@ -249,9 +256,10 @@ int run_generate(int argc, char** argv) {
       }
     }
     std::fprintf(stderr,
-                 "\n[prompt %lld tokens x %lld: %.1f tok/s prefill | generated %lld tokens: %.1f tok/s decode | %d threads, %s kernels]\n",
+                 "\n[prompt %lld tokens x %lld: %.1f tok/s prefill | generated %lld tokens: %.1f tok/s decode | %d threads, %s]\n",
                  static_cast<long long>(prompt.size()), static_cast<long long>(o.batch), prefill_tok_s,
-                 static_cast<long long>(stats.generated_tokens), decode_tok_s, ThreadPool::global().threads(), m.kernels().isa);
+                 static_cast<long long>(stats.generated_tokens), decode_tok_s, ThreadPool::global().threads(),
+                 m.forward_path() == ForwardPath::kCpuKernels ? m.kernels().isa : m.device().str().c_str());
   }
   return kExitOk;
 }

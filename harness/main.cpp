@@ -16,6 +16,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"generate", vericache::cli::run_generate, "generate text with full-KV decoding on a GGUF model"},
+    {"bench", vericache::cli::run_bench, "prefill and decode tokens/s over context lengths and batch sizes"},
 };
 
 void print_help() {

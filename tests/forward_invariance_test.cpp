@@ -143,6 +143,54 @@ TEST(ForwardInvariance, PortableAndAvx512KernelsAgreeBitwise) {
   EXPECT_TRUE(bitwise_equal(results[0], results[1]));
 }
 
+// Weights kept in their Q4_1 / Q8_0 blocks and dequantized on the fly give the same bits as
+// weights dequantized to float32 at load, for decode-sized and prefill-sized forwards.
+TEST(ForwardInvariance, QuantizedWeightsEqualDequantizedWeights) {
+  const LlamaModel* blocks = default_model();
+  ASSERT_NE(blocks, nullptr);
+  auto floats = LlamaModel::load(testing::default_model_path(), LoadOptions{at::kCPU, at::kFloat, false});
+  ASSERT_TRUE(floats.ok());
+  auto pool = blocks->make_page_pool(16, 1024);
+  ASSERT_TRUE(pool.ok());
+  const std::vector<int32_t> tokens = prompt_tokens(*blocks, 60, 5);
+  at::Tensor results[2];
+  for (int k = 0; k < 2; ++k) {
+    const LlamaModel& m = k == 0 ? *blocks : **floats;
+    SequenceKv kv(m.config().n_layers);
+    const at::Tensor prefill = run(m, *pool, kv, std::span(tokens).first(57));
+    results[k] = at::cat({prefill, run(m, *pool, kv, std::span(tokens).subspan(57, 2)), run(m, *pool, kv, std::span(tokens).subspan(59))});
+    kv.release(*pool);
+  }
+  EXPECT_TRUE(bitwise_equal(results[0], results[1]));
+}
+
+// The libtorch path (the GPU path, run here in float32 on the CPU) computes the same function as
+// the CPU kernels up to rounding: same argmax on every row, logits within 1e-3.
+TEST(ForwardTorchPath, AgreesWithTheCpuKernels) {
+  auto loaded = LlamaModel::load(testing::default_model_path(), LoadOptions{at::kCPU, at::kFloat, false});
+  ASSERT_TRUE(loaded.ok());
+  LlamaModel& m = **loaded;
+  auto pool = m.make_page_pool(16, 2048);
+  ASSERT_TRUE(pool.ok());
+  const std::vector<int32_t> a = prompt_tokens(m, 300, 11), b = prompt_tokens(m, 45, 12);
+  at::Tensor results[2];
+  for (int path = 0; path < 2; ++path) {
+    ASSERT_TRUE(m.set_forward_path(path == 0 ? ForwardPath::kCpuKernels : ForwardPath::kTorch).ok());
+    SequenceKv ka(m.config().n_layers), kb(m.config().n_layers);
+    run(m, *pool, ka, std::span(a).first(290));
+    run(m, *pool, kb, std::span(b).first(40));
+    // A batch mixing a 10-token window and a 5-token window over caches of different lengths.
+    const std::vector<int32_t> pa = iota_positions(290, 10), pb = iota_positions(40, 5);
+    std::vector<ForwardItem> items{{std::span(a).subspan(290), pa, &ka, LogitRows::kAll},
+                                   {std::span(b).subspan(40), pb, &kb, LogitRows::kAll}};
+    ASSERT_TRUE(m.forward(items, *pool, &results[path]).ok());
+    ka.release(*pool);
+    kb.release(*pool);
+  }
+  EXPECT_LT((results[0] - results[1]).abs().max().item<float>(), 1e-3);
+  EXPECT_TRUE(at::equal(results[0].argmax(1), results[1].argmax(1)));
+}
+
 TEST(ForwardErrors, BadInputChangesNothing) {
   const LlamaModel* m = default_model();
   ASSERT_NE(m, nullptr);

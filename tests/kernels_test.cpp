@@ -9,9 +9,12 @@
 
 #include "kernels/cpu_kernels.h"
 #include "kernels/simd.h"
+#include "model/ggml_dequant.h"
 
 namespace vericache::cpu {
 namespace {
+
+using vericache::GgmlType;
 
 std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -34,7 +37,8 @@ TEST(Kernels, LinearMatchesDoubleReferenceAndIsRowCountInvariant) {
       const auto x = random_vector(m_max * kdim, 1);
       const auto w = random_vector(n * kdim, 2, 0.05f);
       std::vector<float> all(m_max * n);
-      k->linear(x.data(), kdim, m_max, kdim, w.data(), 0, n, all.data(), n);
+      const WeightView wv{WeightFormat::kF32, w.data(), n, kdim, kdim * 4};
+      k->linear(x.data(), kdim, m_max, wv, 0, n, all.data(), n);
       for (int64_t r = 0; r < m_max; ++r) {
         for (int64_t c = 0; c < n; ++c) {
           double ref = 0;
@@ -45,11 +49,47 @@ TEST(Kernels, LinearMatchesDoubleReferenceAndIsRowCountInvariant) {
       // Any row computed alone, in any column range, gives the same bits.
       for (int64_t r = 0; r < m_max; ++r) {
         std::vector<float> one(n);
-        k->linear(x.data() + r * kdim, kdim, 1, kdim, w.data(), 0, 20, one.data(), n);
-        k->linear(x.data() + r * kdim, kdim, 1, kdim, w.data(), 20, n, one.data(), n);
+        k->linear(x.data() + r * kdim, kdim, 1, wv, 0, 20, one.data(), n);
+        k->linear(x.data() + r * kdim, kdim, 1, wv, 20, n, one.data(), n);
         ASSERT_EQ(std::memcmp(one.data(), all.data() + r * n, n * sizeof(float)), 0)
             << k->isa << ": row " << r << " of K=" << kdim;
       }
+    }
+  }
+}
+
+// Random Q8_0 / Q4_0 / Q4_1 blocks: linear over the blocks equals linear over their dequantization
+// (model/ggml_dequant.h) bit for bit, for the in-register path (<= 4 rows) and the buffered one.
+TEST(Kernels, QuantizedLinearEqualsLinearOverDequantizedWeights) {
+  std::mt19937 rng(11);
+  const int64_t kdim = 96, n = 21, rows = 7;
+  const auto x = random_vector(rows * kdim, 12);
+  struct Case { WeightFormat format; GgmlType type; int64_t block_bytes; int n_scales; };
+  for (const Case c : {Case{WeightFormat::kQ8_0, GgmlType::kQ8_0, 34, 1}, Case{WeightFormat::kQ4_0, GgmlType::kQ4_0, 18, 1},
+                       Case{WeightFormat::kQ4_1, GgmlType::kQ4_1, 20, 2}}) {
+    const int64_t row_bytes = kdim / 32 * c.block_bytes;
+    std::vector<uint8_t> blocks(n * row_bytes);
+    for (auto& b : blocks) b = static_cast<uint8_t>(rng());
+    for (int64_t blk = 0; blk < n * kdim / 32; ++blk) {
+      for (int s = 0; s < c.n_scales; ++s) {  // finite f16 scales in [0.0039, 2)
+        const uint16_t h = static_cast<uint16_t>(0x1c00 + rng() % 0x2000) | (rng() % 2 ? 0x8000 : 0);
+        std::memcpy(&blocks[blk * c.block_bytes + 2 * s], &h, 2);
+      }
+    }
+    std::vector<float> dense(n * kdim);
+    ASSERT_TRUE(dequantize(c.type, blocks.data(), n * kdim, dense.data()).ok());
+    const WeightView quant{c.format, blocks.data(), n, kdim, row_bytes};
+    const WeightView f32{WeightFormat::kF32, dense.data(), n, kdim, kdim * 4};
+    for (const KernelTable* k : tables()) {
+      for (int64_t m : {1, 3, 4, 7}) {
+        std::vector<float> a(m * n), b(m * n);
+        k->linear(x.data(), kdim, m, quant, 0, n, a.data(), n);
+        k->linear(x.data(), kdim, m, f32, 0, n, b.data(), n);
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << k->isa << " rows " << m;
+      }
+      std::vector<float> row(kdim);
+      k->weight_row(quant, 5, row.data());
+      EXPECT_EQ(std::memcmp(row.data(), dense.data() + 5 * kdim, kdim * sizeof(float)), 0) << k->isa;
     }
   }
 }
@@ -62,8 +102,9 @@ TEST(Kernels, BuildsAgreeBitwise) {
   const auto x = random_vector(m * kdim, 3);
   const auto w = random_vector(n * kdim, 4);
   std::vector<float> a(m * n), b(m * n);
-  fast->linear(x.data(), kdim, m, kdim, w.data(), 0, n, a.data(), n);
-  slow.linear(x.data(), kdim, m, kdim, w.data(), 0, n, b.data(), n);
+  const WeightView wv{WeightFormat::kF32, w.data(), n, kdim, kdim * 4};
+  fast->linear(x.data(), kdim, m, wv, 0, n, a.data(), n);
+  slow.linear(x.data(), kdim, m, wv, 0, n, b.data(), n);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 
   const auto norm_w = random_vector(kdim, 5);

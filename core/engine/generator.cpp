@@ -12,6 +12,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 
 struct RequestState {
+  RequestState(int64_t n_layers, uint64_t seed) : kv(n_layers), rng(seed) {}
   SequenceKv kv;
   Rng rng;
   int64_t prefilled = 0;
@@ -63,7 +64,7 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
 
   std::vector<RequestState> state;
   state.reserve(requests.size());
-  for (const GenerationRequest& r : requests) state.push_back({SequenceKv(config.n_layers), Rng(r.sampling.seed)});
+  for (const GenerationRequest& r : requests) state.emplace_back(config.n_layers, r.sampling.seed);
   std::vector<GenerationResult> results(requests.size());
   auto release_all = [&] {
     for (RequestState& s : state) s.kv.release(pool_);

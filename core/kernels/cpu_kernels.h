@@ -17,6 +17,19 @@
 
 namespace vericache::cpu {
 
+// How a weight matrix [n][k] is stored. Quantized rows are ggml blocks (model/ggml_dequant.h); the
+// kernels dequantize them on the fly into exactly the floats ggml_dequant produces, so a linear
+// over quantized weights gives the same bits as over their float32 dequantization.
+enum class WeightFormat { kF32, kQ8_0, kQ4_0, kQ4_1 };
+
+struct WeightView {
+  WeightFormat format = WeightFormat::kF32;
+  const void* data = nullptr;  // row r at data + r * row_bytes
+  int64_t n = 0;               // rows (output features)
+  int64_t k = 0;               // columns (input features); a multiple of 32 for quantized formats
+  int64_t row_bytes = 0;
+};
+
 // Paged attention over one request's cache for one layer (see kv/page_pool.h for the layout):
 //   K pages: [num_pages][n_kv_heads][head_dim][page_size]  (keys transposed within a page)
 //   V pages: [num_pages][n_kv_heads][page_size][head_dim]
@@ -41,9 +54,11 @@ struct PagedAttentionArgs {
 
 struct KernelTable {
   const char* isa;  // "avx512" or "portable"
-  // y[m, n] = sum_k x[m, k] * w[n, k] for m < M and n in [n0, n1). w: [N][K] contiguous.
-  void (*linear)(const float* x, int64_t ldx, int64_t m, int64_t k, const float* w, int64_t n0, int64_t n1,
-                 float* y, int64_t ldy);
+  // y[m, n] = sum_k x[m, k] * w[n, k] for m < M and n in [n0, n1); k is w.k.
+  void (*linear)(const float* x, int64_t ldx, int64_t m, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                 int64_t ldy);
+  // out[0, k) = row r of w, dequantized (an embedding lookup).
+  void (*weight_row)(const WeightView& w, int64_t r, float* out);
   // y = x / sqrt(mean(x^2) + eps) * weight, one row of length d.
   void (*rms_norm)(const float* x, int64_t d, const float* weight, float eps, float* y);
   // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + e^-g).

@@ -5,7 +5,8 @@
 namespace vericache::cpu {
 
 const KernelTable& avx512_kernel_table() {
-  static const KernelTable table{"avx512", avx512::linear, avx512::rms_norm, avx512::silu_mul, avx512::attention};
+  static const KernelTable table{"avx512",         avx512::linear,   avx512::weight_row,
+                                 avx512::rms_norm, avx512::silu_mul, avx512::attention};
   return table;
 }
 

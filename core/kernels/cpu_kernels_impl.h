@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -17,6 +18,12 @@
 namespace vericache::cpu::VC_KERNEL_NAMESPACE {
 
 using simd::Vec16;
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 
 constexpr int kMaxQueries = 16;  // query vectors (rows x heads of a group) per attention score tile
 
@@ -60,20 +67,149 @@ void linear_row_tile(const float* x, int64_t ldx, int64_t k, const float* w, int
   for (; n < n1; ++n) linear_tile<MR, 1>(x, ldx, k, w + n * k, y + n, ldy);
 }
 
-inline void linear(const float* x, int64_t ldx, int64_t m_total, int64_t k, const float* w, int64_t n0, int64_t n1,
+// Rows [0, m_total) against columns [n0, n1) of float32 weights w: [n][k].
+inline void linear_f32(const float* x, int64_t ldx, int64_t m_total, int64_t k, const float* w, int64_t n0,
+                       int64_t n1, float* y, int64_t ldy) {
+  int64_t m = 0;
+  for (; m + 4 <= m_total; m += 4) linear_row_tile<4>(x + m * ldx, ldx, k, w, n0, n1, y + m * ldy, ldy);
+  switch (m_total - m) {
+    case 3: linear_row_tile<3>(x + m * ldx, ldx, k, w, n0, n1, y + m * ldy, ldy); break;
+    case 2: linear_row_tile<2>(x + m * ldx, ldx, k, w, n0, n1, y + m * ldy, ldy); break;
+    case 1: linear_row_tile<1>(x + m * ldx, ldx, k, w, n0, n1, y + m * ldy, ldy); break;
+    default: break;
+  }
+}
+
+// Exact dequantization (the formulas of model/ggml_dequant.cpp: one float32 multiply, then one
+// add, never fused). A 4-bit block first builds its 16 possible values, table[q] = d*q + m,
+// and then looks each code up: the same floats as computing each value, at half the work.
+template <WeightFormat F>
+struct BlockTraits;
+template <>
+struct BlockTraits<WeightFormat::kQ8_0> {
+  static constexpr int64_t kBytes = 34;
+};
+template <>
+struct BlockTraits<WeightFormat::kQ4_0> {
+  static constexpr int64_t kBytes = 18;
+};
+template <>
+struct BlockTraits<WeightFormat::kQ4_1> {
+  static constexpr int64_t kBytes = 20;
+};
+
+// The 32 values of block b of a row: lo = values 0..15, hi = values 16..31.
+template <WeightFormat F>
+inline void dequant_block(const uint8_t* row, int64_t b, Vec16* lo, Vec16* hi) {
+  const uint8_t* block = row + b * BlockTraits<F>::kBytes;
+  const Vec16 d = simd::set1(simd::half_to_float(load_u16(block)));
+  if constexpr (F == WeightFormat::kQ8_0) {
+    const auto* q = reinterpret_cast<const int8_t*>(block + 2);
+    *lo = simd::mul(simd::signed_bytes(q), d);
+    *hi = simd::mul(simd::signed_bytes(q + 16), d);
+  } else if constexpr (F == WeightFormat::kQ4_0) {
+    const Vec16 table = simd::mul(d, simd::sub(simd::iota(), simd::set1(8.0f)));
+    *lo = simd::lookup_nibbles(table, block + 2, 0);
+    *hi = simd::lookup_nibbles(table, block + 2, 4);
+  } else {
+    const Vec16 table = simd::add(simd::mul(d, simd::iota()), simd::set1(simd::half_to_float(load_u16(block + 2))));
+    *lo = simd::lookup_nibbles(table, block + 4, 0);
+    *hi = simd::lookup_nibbles(table, block + 4, 4);
+  }
+}
+
+template <WeightFormat F>
+void dequant_row(const uint8_t* row, int64_t k, float* out) {
+  for (int64_t b = 0; b < k / 32; ++b) {
+    Vec16 lo, hi;
+    dequant_block<F>(row, b, &lo, &hi);
+    simd::store(out + 32 * b, lo);
+    simd::store(out + 32 * b + 16, hi);
+  }
+}
+
+// Rows [n0, n1) of w dequantized into out ([n1 - n0][k]).
+inline void dequant_rows(const WeightView& w, int64_t n0, int64_t n1, float* out) {
+  const auto* data = static_cast<const uint8_t*>(w.data);
+  for (int64_t n = n0; n < n1; ++n, out += w.k) {
+    const uint8_t* row = data + n * w.row_bytes;
+    switch (w.format) {
+      case WeightFormat::kF32: std::memcpy(out, row, w.k * sizeof(float)); break;
+      case WeightFormat::kQ8_0: dequant_row<WeightFormat::kQ8_0>(row, w.k, out); break;
+      case WeightFormat::kQ4_0: dequant_row<WeightFormat::kQ4_0>(row, w.k, out); break;
+      case WeightFormat::kQ4_1: dequant_row<WeightFormat::kQ4_1>(row, w.k, out); break;
+    }
+  }
+}
+
+inline void weight_row(const WeightView& w, int64_t r, float* out) { dequant_rows(w, r, r + 1, out); }
+
+// Few rows against quantized weights, dequantizing in registers: the same values and the same
+// fused multiply-add sequence per output as linear_tile over the dequantized floats.
+template <WeightFormat F, int MR, int NR>
+void linear_quant_tile(const float* x, int64_t ldx, int64_t k, const uint8_t* w, int64_t row_bytes, float* y,
+                       int64_t ldy) {
+  Vec16 acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) acc[m][n] = simd::zero();
+  for (int64_t b = 0; b < k / 32; ++b) {
+    Vec16 lo[NR], hi[NR];
+    for (int n = 0; n < NR; ++n) dequant_block<F>(w + n * row_bytes, b, &lo[n], &hi[n]);
+    for (int m = 0; m < MR; ++m) {
+      const Vec16 xl = simd::load(x + m * ldx + 32 * b), xh = simd::load(x + m * ldx + 32 * b + 16);
+      for (int n = 0; n < NR; ++n) acc[m][n] = simd::fma(xh, hi[n], simd::fma(xl, lo[n], acc[m][n]));
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) y[m * ldy + n] = simd::reduce_add(acc[m][n]);
+}
+
+template <WeightFormat F, int MR>
+void linear_quant_rows(const float* x, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  constexpr int kNR = MR >= 3 ? 4 : 8;
+  const auto* data = static_cast<const uint8_t*>(w.data);
+  int64_t n = n0;
+  for (; n + kNR <= n1; n += kNR) linear_quant_tile<F, MR, kNR>(x, ldx, w.k, data + n * w.row_bytes, w.row_bytes, y + n, ldy);
+  for (; n < n1; ++n) linear_quant_tile<F, MR, 1>(x, ldx, w.k, data + n * w.row_bytes, w.row_bytes, y + n, ldy);
+}
+
+template <WeightFormat F>
+void linear_quant_small(const float* x, int64_t ldx, int64_t m, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                        int64_t ldy) {
+  switch (m) {
+    case 1: linear_quant_rows<F, 1>(x, ldx, w, n0, n1, y, ldy); break;
+    case 2: linear_quant_rows<F, 2>(x, ldx, w, n0, n1, y, ldy); break;
+    case 3: linear_quant_rows<F, 3>(x, ldx, w, n0, n1, y, ldy); break;
+    case 4: linear_quant_rows<F, 4>(x, ldx, w, n0, n1, y, ldy); break;
+    default: break;
+  }
+}
+
+inline void linear(const float* x, int64_t ldx, int64_t m_total, const WeightView& w, int64_t n0, int64_t n1,
                    float* y, int64_t ldy) {
-  // Columns in blocks whose weights stay in L1/L2 while all rows stream past them.
+  // Up to 4 rows (decoding): quantized weights are dequantized in registers, once per use.
+  if (m_total <= 4) {
+    switch (w.format) {
+      case WeightFormat::kQ8_0: return linear_quant_small<WeightFormat::kQ8_0>(x, ldx, m_total, w, n0, n1, y, ldy);
+      case WeightFormat::kQ4_0: return linear_quant_small<WeightFormat::kQ4_0>(x, ldx, m_total, w, n0, n1, y, ldy);
+      case WeightFormat::kQ4_1: return linear_quant_small<WeightFormat::kQ4_1>(x, ldx, m_total, w, n0, n1, y, ldy);
+      case WeightFormat::kF32: break;
+    }
+  }
+  // Otherwise columns go in blocks whose weights stay in L1/L2 while all rows stream past them;
+  // quantized blocks are first dequantized into a small float buffer, once for all rows.
   constexpr int64_t kColumnBlock = 32;
+  const int64_t k = w.k;
+  thread_local std::vector<float> buffer;
   for (int64_t nb = n0; nb < n1; nb += kColumnBlock) {
     const int64_t ne = std::min(n1, nb + kColumnBlock);
-    int64_t m = 0;
-    for (; m + 4 <= m_total; m += 4) linear_row_tile<4>(x + m * ldx, ldx, k, w, nb, ne, y + m * ldy, ldy);
-    switch (m_total - m) {
-      case 3: linear_row_tile<3>(x + m * ldx, ldx, k, w, nb, ne, y + m * ldy, ldy); break;
-      case 2: linear_row_tile<2>(x + m * ldx, ldx, k, w, nb, ne, y + m * ldy, ldy); break;
-      case 1: linear_row_tile<1>(x + m * ldx, ldx, k, w, nb, ne, y + m * ldy, ldy); break;
-      default: break;
+    if (w.format == WeightFormat::kF32) {
+      linear_f32(x, ldx, m_total, k, static_cast<const float*>(w.data), nb, ne, y, ldy);
+      continue;
     }
+    buffer.resize(kColumnBlock * k);
+    dequant_rows(w, nb, ne, buffer.data());
+    linear_f32(x, ldx, m_total, k, buffer.data(), 0, ne - nb, y + nb, ldy);
   }
 }
 

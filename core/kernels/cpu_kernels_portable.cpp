@@ -9,8 +9,8 @@
 namespace vericache::cpu {
 
 const KernelTable& portable_kernels() {
-  static const KernelTable table{"portable", portable::linear, portable::rms_norm, portable::silu_mul,
-                                 portable::attention};
+  static const KernelTable table{"portable", portable::linear, portable::weight_row, portable::rms_norm,
+                                 portable::silu_mul, portable::attention};
   return table;
 }
 

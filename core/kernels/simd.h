@@ -12,6 +12,8 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#else
+#include "util/half.h"
 #endif
 
 namespace vericache::simd {
@@ -59,6 +61,25 @@ inline float reduce_add(Vec16 a) {
 }
 
 inline float reduce_max(Vec16 a) { return _mm512_reduce_max_ps(a.v); }
+
+// IEEE binary16 bits -> float, exact (F16C).
+inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// 16 bytes as floats: the low (shift 0) or high (shift 4) nibble of each, or each signed byte.
+inline Vec16 nibbles(const uint8_t* p, int shift) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return {_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, shift), _mm512_set1_epi32(0x0f)))};
+}
+inline Vec16 signed_bytes(const int8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+// table[(p[i] >> shift) & 15] for 16 bytes: a 4-bit code looked up in a 16-entry table.
+inline Vec16 lookup_nibbles(Vec16 table, const uint8_t* p, int shift) {
+  __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  if (shift != 0) idx = _mm512_srli_epi32(idx, shift);
+  return {_mm512_permutexvar_ps(idx, table.v)};  // uses index bits 3..0 only
+}
+inline Vec16 iota() { return {_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}; }
 
 #else
 
@@ -109,6 +130,17 @@ inline float reduce_max(Vec16 a) {
   for (int i = 1; i < kLanes; ++i) m = a.v[i] > m ? a.v[i] : m;
   return m;
 }
+
+inline float half_to_float(uint16_t h) { return fp16_to_fp32(h); }
+
+inline Vec16 nibbles(const uint8_t* p, int shift) {
+  return map([&](int i) { return static_cast<float>((p[i] >> shift) & 0x0f); });
+}
+inline Vec16 signed_bytes(const int8_t* p) { return map([&](int i) { return static_cast<float>(p[i]); }); }
+inline Vec16 lookup_nibbles(Vec16 table, const uint8_t* p, int shift) {
+  return map([&](int i) { return table.v[(p[i] >> shift) & 0x0f]; });
+}
+inline Vec16 iota() { return map([](int i) { return static_cast<float>(i); }); }
 
 #endif
 

@@ -8,9 +8,14 @@
 //
 // One forward takes a batch of requests, each with any number of new tokens (a prompt chunk, one
 // decode token, or a verify window of x+1 tokens), appends their K/V to the request's cache and
-// returns logits for the rows asked for. On the CPU every kernel is row-count invariant
-// (kernels/cpu_kernels.h): the logits of a token do not depend on how many tokens of its request
-// the forward computes, nor on the other requests in the batch, nor on the thread count.
+// returns logits for the rows asked for. Two forward paths:
+//   kCpuKernels  float32 on the CPU with VeriCache's kernels, every one row-count invariant
+//                (kernels/cpu_kernels.h): the logits of a token do not depend on how many tokens of
+//                its request the forward computes, nor on the other requests in the batch, nor on
+//                the thread count. The default on the CPU.
+//   kTorch       libtorch operations on any device and dtype (bf16 on a GPU): cuBLAS GEMMs and
+//                attention over K/V gathered from the pages. Not row-count invariant (GEMM
+//                kernels change with the row count); the default on a GPU.
 //
 // Ownership: the model owns its weights, tokenizer and chat template; forward() borrows caches
 // and the pool. Thread-safety: const methods may run concurrently; forward() calls sharing a pool
@@ -42,6 +47,18 @@ enum class LogitRows {
   kAll,   // every new token's row (verify windows, tests)
 };
 
+enum class ForwardPath { kCpuKernels, kTorch };
+
+struct LoadOptions {
+  at::Device device = at::kCPU;
+  at::ScalarType dtype = at::kFloat;  // weights and KV; the CPU kernels need float32
+  // CPU kernels: keep Q8_0 / Q4_0 / Q4_1 matrices in their ggml blocks and dequantize them on the
+  // fly into the very floats a load-time dequantization gives (same logits, a fraction of the
+  // bytes per decode step). false: dequantize every matrix to float32 at load. Other types are
+  // always dequantized at load; other devices always get dequantized weights.
+  bool quantized_weights = true;
+};
+
 struct ForwardItem {
   std::span<const int32_t> tokens;     // [n] new tokens
   std::span<const int32_t> positions;  // [n] RoPE positions: the tokens' positions in the uncompressed sequence
@@ -51,12 +68,13 @@ struct ForwardItem {
 
 class LlamaModel {
  public:
-  // Opens, validates and dequantizes the GGUF file at `path` into float32 CPU weights.
-  // Errors name the file and the problem (see GgufFile, LlamaConfig, Tokenizer). Kernels run on
-  // ThreadPool::global().
-  static Result<std::unique_ptr<LlamaModel>> load(const std::string& path);
+  // Opens, validates and dequantizes the GGUF file at `path`, then places the weights on
+  // options.device in options.dtype. Errors name the file and the problem (see GgufFile,
+  // LlamaConfig, Tokenizer); NotSupported for a dtype the chosen path cannot run. CPU kernels run
+  // on ThreadPool::global().
+  static Result<std::unique_ptr<LlamaModel>> load(const std::string& path, const LoadOptions& options = {});
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_path_; }
   const LlamaConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
   bool tied_embeddings() const { return tied_embeddings_; }
@@ -66,8 +84,10 @@ class LlamaModel {
   Result<ChatTemplate> chat_template() const;
 
   KvPageSpec kv_page_spec(int64_t page_size) const;
-  // A pool for this model's KV: float32 on the CPU.
+  // A pool for this model's KV, on the model's device in the model's dtype.
   Result<PagePool> make_page_pool(int64_t page_size, int64_t num_pages) const;
+  at::Device device() const { return options_.device; }
+  at::ScalarType dtype() const { return options_.dtype; }
 
   // Runs one forward over `batch`. `logits` receives [rows, vocab] float32, the rows of the items
   // in batch order (per item: none, its last token, or all its tokens).
@@ -76,37 +96,59 @@ class LlamaModel {
   // (nothing changed) when the pool cannot hold the new slots of the whole batch.
   Status forward(std::span<const ForwardItem> batch, PagePool& pool, at::Tensor* logits) const;
 
-  // The kernels in use ("avx512" or "portable"); tests switch them to compare the two builds.
+  // The CPU kernels in use ("avx512" or "portable"); tests switch them to compare the two builds.
   const cpu::KernelTable& kernels() const { return *kernels_; }
   void set_kernels(const cpu::KernelTable& kernels) { kernels_ = &kernels; }
+  ForwardPath forward_path() const { return path_; }
+  // kCpuKernels needs a float32 CPU model; kTorch needs float weights (on the CPU: loaded with
+  // quantized_weights = false). InvalidArgument otherwise.
+  Status set_forward_path(ForwardPath path);
 
  private:
+  // A weight matrix [n, k]: `tensor` is float [n, k] in the model dtype, or (CPU kernels with
+  // quantized weights) uint8 [n, row_bytes] ggml blocks; `view` is what the CPU kernels read.
+  struct Weight {
+    at::Tensor tensor;
+    cpu::WeightView view;
+  };
   struct Layer {
-    at::Tensor attn_norm;  // [d_model]
-    at::Tensor wqkv;       // [(n_heads + 2 n_kv_heads) head_dim, d_model]: Q, K, V rows stacked
-    at::Tensor wo;         // [d_model, n_heads head_dim]
-    at::Tensor ffn_norm;   // [d_model]
-    at::Tensor w_gate_up;  // [2 d_ff, d_model]: gate rows, then up rows
-    at::Tensor w_down;     // [d_model, d_ff]
+    at::Tensor attn_norm;  // [d_model] float32
+    Weight wqkv;           // [(n_heads + 2 n_kv_heads) head_dim, d_model]: Q, K, V rows stacked
+    Weight wo;             // [d_model, n_heads head_dim]
+    at::Tensor ffn_norm;   // [d_model] float32
+    Weight w_gate_up;      // [2 d_ff, d_model]: gate rows, then up rows
+    Weight w_down;         // [d_model, d_ff]
   };
 
   LlamaModel() = default;
   Status load_weights(const GgufFile& file);
+  Result<Weight> load_matrix(const GgufFile& file, const std::vector<std::string>& names,
+                             const std::vector<int64_t>& rows, int64_t k) const;
   void build_rope_table();
+  Status place_weights();
   Status validate(std::span<const ForwardItem> batch, const PagePool& pool) const;
+  // After validate() and reserving every item's slots; `begin[i]` is item i's first row.
+  void forward_cpu(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, PagePool& pool,
+                   at::Tensor* logits) const;
+  void forward_torch(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, PagePool& pool,
+                     at::Tensor* logits) const;
+  // Rows whose logits the batch asks for, in batch order.
+  static std::vector<int64_t> logit_rows(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin);
 
-  std::string path_;
+  std::string file_path_;
+  LoadOptions options_;
+  ForwardPath path_ = ForwardPath::kCpuKernels;
   LlamaConfig config_;
   Tokenizer tokenizer_;
   std::optional<ChatTemplate> chat_template_;
   Status chat_template_status_;
   bool tied_embeddings_ = true;
   std::string weight_type_;
-  at::Tensor token_embedding_;  // [vocab, d_model]
-  at::Tensor output_norm_;      // [d_model]
-  at::Tensor output_;           // [vocab, d_model]; aliases token_embedding_ when tied
+  Weight token_embedding_;      // [vocab, d_model]
+  at::Tensor output_norm_;      // [d_model] float32
+  Weight output_;               // [vocab, d_model]; the token embedding when tied
   std::vector<Layer> layers_;
-  at::Tensor rope_cos_;         // [context_length, head_dim / 2]
+  at::Tensor rope_cos_;         // [context_length, head_dim / 2] float32, on the model's device
   at::Tensor rope_sin_;
   const cpu::KernelTable* kernels_ = nullptr;
 };

@@ -1,0 +1,70 @@
+#include "kernels/cuda_ops.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include "kernels/cuda/paged_attention.h"
+
+namespace vericache::cuda {
+namespace {
+
+DType dtype_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    default: TORCH_CHECK(false, "paged KV kernels support float32, float16 and bfloat16, got ", t.scalar_type());
+  }
+}
+
+void check(cudaError_t e, const char* what) { TORCH_CHECK(e == cudaSuccess, what, ": ", cudaGetErrorString(e)); }
+
+}  // namespace
+
+void write_kv_pages_tensor(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slot_page,
+                           const at::Tensor& slot_offset, at::Tensor& k_pages, at::Tensor& v_pages) {
+  TORCH_CHECK(k.is_cuda() && k_pages.is_cuda() && k.scalar_type() == k_pages.scalar_type(), "write_kv_pages: device/dtype");
+  TORCH_CHECK(k.stride(2) == 1 && k.stride(1) == k.size(2) && v.stride(2) == 1 && v.stride(1) == v.size(2),
+              "write_kv_pages: each row's heads must be contiguous");
+  WriteKvParams p;
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.k_row_stride = k.stride(0);
+  p.v_row_stride = v.stride(0);
+  p.k_pages = k_pages.data_ptr();
+  p.v_pages = v_pages.data_ptr();
+  p.slot_page = slot_page.data_ptr<int64_t>();
+  p.slot_offset = slot_offset.data_ptr<int64_t>();
+  p.rows = k.size(0);
+  p.n_kv_heads = k.size(1);
+  p.head_dim = k.size(2);
+  p.page_size = k_pages.size(3);
+  check(write_kv_pages(p, dtype_of(k), c10::cuda::getCurrentCUDAStream()), "write_kv_pages");
+}
+
+at::Tensor paged_attention_tensor(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages,
+                                  const at::Tensor& pages, const at::Tensor& row_page_start,
+                                  const at::Tensor& row_len, int64_t max_len, double scale) {
+  TORCH_CHECK(q.is_cuda() && q.is_contiguous() && q.scalar_type() == k_pages.scalar_type(), "paged_attention: q");
+  at::Tensor out = at::empty_like(q);
+  PagedAttentionParams p;
+  p.q = q.data_ptr();
+  p.out = out.data_ptr();
+  p.k_pages = k_pages.data_ptr();
+  p.v_pages = v_pages.data_ptr();
+  p.pages = pages.data_ptr<int64_t>();
+  p.row_page_start = row_page_start.data_ptr<int64_t>();
+  p.row_len = row_len.data_ptr<int64_t>();
+  p.rows = q.size(0);
+  p.n_heads = q.size(1);
+  p.head_dim = q.size(2);
+  p.n_kv_heads = k_pages.size(1);
+  p.page_size = k_pages.size(3);
+  p.max_len = max_len;
+  p.scale = static_cast<float>(scale);
+  check(paged_attention(p, dtype_of(q), c10::cuda::getCurrentCUDAStream()), "paged_attention");
+  return out;
+}
+
+}  // namespace vericache::cuda

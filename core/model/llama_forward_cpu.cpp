@@ -1,0 +1,160 @@
+// The float32 CPU forward on VeriCache's row-count-invariant kernels (kernels/cpu_kernels.h).
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/llama_model.h"
+#include "util/thread_pool.h"
+
+namespace vericache {
+namespace {
+
+// Columns are handed to threads in groups of this many, so column tiles stay whole.
+constexpr int64_t kColumnGroup = 8;
+
+void parallel_linear(const cpu::KernelTable& k, const float* x, int64_t ldx, int64_t m, const cpu::WeightView& w,
+                     float* y, int64_t ldy) {
+  const int64_t n = w.n;
+  ThreadPool::global().parallel_for((n + kColumnGroup - 1) / kColumnGroup, 1, [&](int64_t g0, int64_t g1) {
+    k.linear(x, ldx, m, w, g0 * kColumnGroup, std::min(n, g1 * kColumnGroup), y, ldy);
+  });
+}
+
+void parallel_rms_norm(const cpu::KernelTable& k, const float* x, int64_t rows, int64_t d, const at::Tensor& w,
+                       float eps, float* y) {
+  const float* wp = w.data_ptr<float>();
+  ThreadPool::global().parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) k.rms_norm(x + r * d, d, wp, eps, y + r * d);
+  });
+}
+
+}  // namespace
+
+void LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, PagePool& pool,
+                             at::Tensor* logits) const {
+  const LlamaConfig& c = config_;
+  const cpu::KernelTable& k = *kernels_;
+  const int64_t d = c.d_model, hd = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads, dff = c.d_ff;
+  const int64_t q_width = nh * hd, qkv_width = (nh + 2 * nkv) * hd;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  const int64_t rows = begin.back();  // token rows of all requests, concatenated
+
+  std::vector<float> x(rows * d), h(rows * d), qkv(rows * qkv_width), attn(rows * q_width);
+  std::vector<float> gate_up(rows * 2 * dff), act(rows * dff), proj(rows * d);
+  std::vector<int32_t> positions(rows);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
+      const int64_t r = begin[i] + static_cast<int64_t>(t);
+      k.weight_row(token_embedding_.view, batch[i].tokens[t], x.data() + r * d);
+      positions[r] = batch[i].positions[t];
+    }
+  }
+
+  // Attention work: (request, KV head, tile of new rows). Tiles bound the per-item work so
+  // prefill spreads over threads; they do not change any result.
+  struct AttentionWork {
+    int64_t item, kv_head, row0, row1;
+  };
+  constexpr int64_t kRowTile = 16;
+  std::vector<AttentionWork> work;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int64_t n = begin[i + 1] - begin[i];
+    for (int64_t g = 0; g < nkv; ++g)
+      for (int64_t r = 0; r < n; r += kRowTile) work.push_back({static_cast<int64_t>(i), g, r, std::min(n, r + kRowTile)});
+  }
+
+  const float* cos_table = rope_cos_.data_ptr<float>();
+  const float* sin_table = rope_sin_.data_ptr<float>();
+  float* k_pages = pool.k_pages().data_ptr<float>();
+  float* v_pages = pool.v_pages().data_ptr<float>();
+  const int64_t ps = pool.spec().page_size;
+
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const Layer& L = layers_[l];
+    parallel_rms_norm(k, x.data(), rows, d, L.attn_norm, eps, h.data());
+    parallel_linear(k, h.data(), d, rows, L.wqkv.view, qkv.data(), qkv_width);
+
+    // RoPE on Q and K heads (pairs of adjacent channels), then K/V into the pages.
+    ThreadPool::global().parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* cs = cos_table + positions[r] * (hd / 2);
+        const float* sn = sin_table + positions[r] * (hd / 2);
+        float* row = qkv.data() + r * qkv_width;
+        for (int64_t head = 0; head < nh + nkv; ++head) {
+          float* v = row + head * hd;
+          for (int64_t i = 0; i < hd / 2; ++i) {
+            const float x0 = v[2 * i], x1 = v[2 * i + 1];
+            v[2 * i] = x0 * cs[i] - x1 * sn[i];
+            v[2 * i + 1] = x1 * cs[i] + x0 * sn[i];
+          }
+        }
+      }
+    });
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const SequenceKv& kv = *batch[i].kv;
+      const std::vector<int32_t>& table = kv.block_table(l);
+      for (int64_t t = 0; t < begin[i + 1] - begin[i]; ++t) {
+        const int64_t slot = kv.length(l) + t;
+        const int64_t page = table[slot / ps], off = slot % ps;
+        const float* row = qkv.data() + (begin[i] + t) * qkv_width;
+        for (int64_t g = 0; g < nkv; ++g) {
+          const float* kr = row + q_width + g * hd;
+          const float* vr = row + q_width + nkv * hd + g * hd;
+          float* kp = k_pages + ((page * nkv + g) * hd) * ps + off;
+          for (int64_t e = 0; e < hd; ++e) kp[e * ps] = kr[e];
+          std::copy_n(vr, hd, v_pages + ((page * nkv + g) * ps + off) * hd);
+        }
+      }
+    }
+
+    ThreadPool::global().parallel_for(static_cast<int64_t>(work.size()), 1, [&](int64_t w0, int64_t w1) {
+      for (int64_t w = w0; w < w1; ++w) {
+        const AttentionWork& job = work[w];
+        const SequenceKv& kv = *batch[job.item].kv;
+        cpu::PagedAttentionArgs a;
+        a.q = qkv.data() + begin[job.item] * qkv_width;
+        a.q_row_stride = qkv_width;
+        a.out = attn.data() + begin[job.item] * q_width;
+        a.out_row_stride = q_width;
+        a.k_pages = k_pages;
+        a.v_pages = v_pages;
+        a.block_table = kv.block_table(l).data();
+        a.page_size = ps;
+        a.n_heads = nh;
+        a.n_kv_heads = nkv;
+        a.head_dim = hd;
+        a.cached_len = kv.length(l);
+        a.n_rows = begin[job.item + 1] - begin[job.item];
+        a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        k.attention(a, job.kv_head, job.row0, job.row1);
+      }
+    });
+
+    parallel_linear(k, attn.data(), q_width, rows, L.wo.view, proj.data(), d);
+    for (int64_t e = 0; e < rows * d; ++e) x[e] += proj[e];
+
+    parallel_rms_norm(k, x.data(), rows, d, L.ffn_norm, eps, h.data());
+    parallel_linear(k, h.data(), d, rows, L.w_gate_up.view, gate_up.data(), 2 * dff);
+    ThreadPool::global().parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* g = gate_up.data() + r * 2 * dff;
+        k.silu_mul(g, g + dff, dff, act.data() + r * dff);
+      }
+    });
+    parallel_linear(k, act.data(), dff, rows, L.w_down.view, proj.data(), d);
+    for (int64_t e = 0; e < rows * d; ++e) x[e] += proj[e];
+  }
+
+  const std::vector<int64_t> out_rows = logit_rows(batch, begin);
+  const auto n_out = static_cast<int64_t>(out_rows.size());
+  std::vector<float> final_h(n_out * d);
+  for (int64_t j = 0; j < n_out; ++j) {
+    k.rms_norm(x.data() + out_rows[j] * d, d, output_norm_.data_ptr<float>(), eps, final_h.data() + j * d);
+  }
+  *logits = at::empty({n_out, c.vocab_size}, at::kFloat);
+  if (n_out > 0) parallel_linear(k, final_h.data(), d, n_out, output_.view, logits->data_ptr<float>(), c.vocab_size);
+}
+
+}  // namespace vericache

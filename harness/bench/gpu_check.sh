@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU check, run in one call on the device machine (one H200), from the repository root:
+# build against that machine's torch, run the gpu-labelled tests, then the bf16 decode benchmark
+# (batch 1, 8, 64 at contexts 2K and 8K) with its memory roofline. Logs and results go to $OUT.
+#
+# Inputs that do not travel with the repository (the model is 98 MB, a call carries 64 MiB):
+#   the model    .models/SmolLM2-135M-Instruct.Q4_1.gguf, or halves made by harness/bench/split_model.sh:
+#                .gpu/model.part1 carried now, .gpu/model.part0 or /root/vericache_model.part0 left by an
+#                earlier call on the same (still warm) machine
+#   GoogleTest   the system's, or Debian's sources copied to .gpu/googletest (-DVC_GTEST_SOURCE_DIR)
+set -uo pipefail
+OUT="${OUT:-$PWD/gpu_out}"
+mkdir -p "$OUT"
+MODEL=.models/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+if [[ ! -f $MODEL ]]; then
+  part0=.gpu/model.part0
+  [[ -f $part0 ]] || part0=/root/vericache_model.part0
+  if [[ ! -f $part0 || ! -f .gpu/model.part1 ]]; then echo "gpu_check: no model (see the header)"; exit 1; fi
+  mkdir -p .models && cat "$part0" .gpu/model.part1 > "$MODEL"
+fi
+[[ "$(sha256sum "$MODEL" | cut -d' ' -f1)" == "$MODEL_SHA256" ]] || { echo "gpu_check: $MODEL has the wrong SHA-256"; exit 1; }
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; git log -1 --format='commit %H' 2>/dev/null; } | tee "$OUT/machine.txt"
+PREFIX="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+extra=()
+[[ -d .gpu/googletest ]] && extra+=("-DVC_GTEST_SOURCE_DIR=$PWD/.gpu/googletest")
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" "${extra[@]}" \
+  > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
+cmake --build build-gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E 'error' "$OUT/build.log" | head -40; exit 1; }
+
+ctest --test-dir build-gpu -L gpu --output-on-failure > "$OUT/gpu_tests.log" 2>&1
+tail -12 "$OUT/gpu_tests.log"
+build-gpu/vericache bench --device cuda --dtype bfloat16 --contexts 2048,8192 --batches 1,8,64 --decode-tokens 32 \
+  --json > "$OUT/gpu_bench.jsonl" 2> "$OUT/gpu_bench.err" || tail -20 "$OUT/gpu_bench.err"
+python3 harness/bench/roofline.py --bandwidth-tbs 4.3 "$OUT/gpu_bench.jsonl" | tee "$OUT/gpu_bench.md"
