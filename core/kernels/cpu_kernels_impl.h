@@ -196,20 +196,27 @@ inline void linear(const float* x, int64_t ldx, int64_t m_total, const WeightVie
       case WeightFormat::kF32: break;
     }
   }
-  // Otherwise columns go in blocks whose weights stay in L1/L2 while all rows stream past them;
-  // quantized blocks are first dequantized into a small float buffer, once for all rows.
+  // Otherwise rows go in blocks that stay in L2, and within one, columns in blocks whose weights
+  // stay in L1 while the block's rows stream past them; quantized columns are dequantized into a
+  // small float buffer once per row block.
+  constexpr int64_t kRowBlock = 128;
   constexpr int64_t kColumnBlock = 32;
   const int64_t k = w.k;
   thread_local std::vector<float> buffer;
-  for (int64_t nb = n0; nb < n1; nb += kColumnBlock) {
-    const int64_t ne = std::min(n1, nb + kColumnBlock);
-    if (w.format == WeightFormat::kF32) {
-      linear_f32(x, ldx, m_total, k, static_cast<const float*>(w.data), nb, ne, y, ldy);
-      continue;
+  for (int64_t mb = 0; mb < m_total; mb += kRowBlock) {
+    const int64_t rows = std::min(kRowBlock, m_total - mb);
+    const float* xb = x + mb * ldx;
+    float* yb = y + mb * ldy;
+    for (int64_t nb = n0; nb < n1; nb += kColumnBlock) {
+      const int64_t ne = std::min(n1, nb + kColumnBlock);
+      if (w.format == WeightFormat::kF32) {
+        linear_f32(xb, ldx, rows, k, static_cast<const float*>(w.data), nb, ne, yb, ldy);
+        continue;
+      }
+      buffer.resize(kColumnBlock * k);
+      dequant_rows(w, nb, ne, buffer.data());
+      linear_f32(xb, ldx, rows, k, buffer.data(), 0, ne - nb, yb + nb, ldy);
     }
-    buffer.resize(kColumnBlock * k);
-    dequant_rows(w, nb, ne, buffer.data());
-    linear_f32(x, ldx, m_total, k, buffer.data(), 0, ne - nb, y + nb, ldy);
   }
 }
 

@@ -18,7 +18,7 @@ On this VM the CPU reports AMX but executing it raises SIGILL, so llama.cpp is b
 
 Writes results/bench_cpu_smollm2.md and .json (or --out PREFIX). Usage, from the repository root:
   .venv/bin/pip install gguf==0.19.0 (and llama-cpp-python as above; it builds llama.cpp, ~11 min)
-  .venv/bin/python harness/bench/cpu_bench.py [--contexts 512,2048,8192] [--batches 1,8] [--decode-tokens 32]
+  .venv/bin/python harness/bench/cpu_bench.py [--contexts 512,2048,8160] [--batches 1,8] [--decode-tokens 32]
 """
 import argparse
 import ctypes
@@ -154,7 +154,7 @@ class LlamaCpp:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--contexts", default="512,2048,8192")
+    ap.add_argument("--contexts", default="512,2048,8160", help="prompt lengths; 8160 + 32 decode steps fills the 8K context")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
