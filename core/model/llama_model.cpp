@@ -241,7 +241,10 @@ Status LlamaModel::validate(std::span<const ForwardItem> batch, const PagePool& 
   if (spec.n_layers != config_.n_layers || spec.n_kv_heads != config_.n_kv_heads || spec.head_dim != config_.head_dim) {
     return Status::invalid_argument("forward: the KV page pool was made for another model shape");
   }
-  if (pool.k_pages().scalar_type() != options_.dtype || pool.k_pages().device() != options_.device) {
+  const at::Device pool_device = pool.k_pages().device();
+  const bool same_device = pool_device.type() == options_.device.type() &&
+                           (!options_.device.has_index() || pool_device.index() == options_.device.index());
+  if (pool.k_pages().scalar_type() != options_.dtype || !same_device) {
     return Status::invalid_argument("forward: the KV page pool is not on the model's device and dtype");
   }
   int64_t pages_needed = 0;
