@@ -80,6 +80,22 @@ TEST(Cli, MissingModelAndBadOptionsAreUsageOrRunErrors) {
   EXPECT_EQ(r.err, "vericache: unknown command 'frobnicate'. Run 'vericache --help' for the list.\n");
 }
 
+TEST(Cli, PluginsListsDescriptorsAndRefusals) {
+  const CliRun r = run_vericache(std::string("plugins --json --plugin-dir ") + VC_FIXTURE_PLUGIN_DIR);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  bool found = false;
+  for (const auto& p : out["plugins"]) {
+    if (p["name"] != "streaming_llm") continue;
+    found = true;
+    EXPECT_EQ(p["family"], "token-dropping");
+    EXPECT_EQ(p["mode"], "offline");
+    EXPECT_EQ(p["abi_version"], 1);
+  }
+  EXPECT_TRUE(found) << r.out;
+  EXPECT_EQ(out["rejected"].size(), 3u);
+}
+
 TEST(Cli, HelpExplainsEveryOption) {
   const CliRun r = run_vericache("generate --help");
   EXPECT_EQ(r.exit_code, 0);

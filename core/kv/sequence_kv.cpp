@@ -61,4 +61,15 @@ void SequenceKv::release(PagePool& pool) {
   std::fill(lengths_.begin(), lengths_.end(), 0);
 }
 
+KvCacheView SequenceKv::view(PagePool& pool) const {
+  const KvPageSpec& spec = pool.spec();
+  KvCacheView v;
+  v.layout = KvLayout{spec.n_layers, spec.n_kv_heads, spec.head_dim, spec.page_size};
+  v.k_pages = pool.k_pages();
+  v.v_pages = pool.v_pages();
+  for (const auto& t : tables_) v.block_tables.emplace_back(t);
+  v.lengths = lengths_;
+  return v;
+}
+
 }  // namespace vericache

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <vericache/kv_view.h>
 #include <vericache/status.h>
 
 #include "kv/page_pool.h"
@@ -43,6 +44,9 @@ class SequenceKv {
   void truncate(PagePool& pool, int64_t length);
   // Returns every page to the pool; the sequence becomes empty.
   void release(PagePool& pool);
+
+  // The pass-through view a plugin reads (see vericache/kv_view.h); borrows this and the pool.
+  KvCacheView view(PagePool& pool) const;
 
  private:
   std::vector<std::vector<int32_t>> tables_;

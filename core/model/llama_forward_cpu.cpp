@@ -31,8 +31,8 @@ void parallel_rms_norm(const cpu::KernelTable& k, const float* x, int64_t rows, 
 
 }  // namespace
 
-void LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, PagePool& pool,
-                             at::Tensor* logits) const {
+Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin,
+                               PagePool& pool, at::Tensor* logits, const LayerObserver& observer) const {
   const LlamaConfig& c = config_;
   const cpu::KernelTable& k = *kernels_;
   const int64_t d = c.d_model, hd = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads, dff = c.d_ff;
@@ -63,6 +63,23 @@ void LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::vect
     const int64_t n = begin[i + 1] - begin[i];
     for (int64_t g = 0; g < nkv; ++g)
       for (int64_t r = 0; r < n; r += kRowTile) work.push_back({static_cast<int64_t>(i), g, r, std::min(n, r + kRowTile)});
+  }
+
+  // What a layer observer sees: views of this forward's buffers, valid during the call.
+  std::vector<int64_t> request_ids(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) request_ids[i] = batch[i].request_id;
+  LayerActivations acts;
+  if (observer) {
+    at::Tensor positions_i64 = at::empty({rows}, at::kLong);
+    std::copy(positions.begin(), positions.end(), positions_i64.data_ptr<int64_t>());
+    const auto f32 = at::TensorOptions().dtype(at::kFloat);
+    acts.hidden = at::from_blob(h.data(), {rows, d}, f32);
+    acts.q = at::from_blob(qkv.data(), {rows, nh, hd}, {qkv_width, hd, 1}, f32);
+    acts.k = at::from_blob(qkv.data() + q_width, {rows, nkv, hd}, {qkv_width, hd, 1}, f32);
+    acts.v = at::from_blob(qkv.data() + q_width + nkv * hd, {rows, nkv, hd}, {qkv_width, hd, 1}, f32);
+    acts.positions = positions_i64;
+    acts.row_offsets = begin;
+    acts.request_ids = request_ids;
   }
 
   const float* cos_table = rope_cos_.data_ptr<float>();
@@ -132,6 +149,11 @@ void LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::vect
       }
     });
 
+    if (observer) {
+      acts.layer = l;
+      VC_RETURN_IF_ERROR(observer(acts));
+    }
+
     parallel_linear(k, attn.data(), q_width, rows, L.wo.view, proj.data(), d);
     for (int64_t e = 0; e < rows * d; ++e) x[e] += proj[e];
 
@@ -155,6 +177,7 @@ void LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::vect
   }
   *logits = at::empty({n_out, c.vocab_size}, at::kFloat);
   if (n_out > 0) parallel_linear(k, final_h.data(), d, n_out, output_.view, logits->data_ptr<float>(), c.vocab_size);
+  return Status();
 }
 
 }  // namespace vericache

@@ -22,7 +22,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 // x: [rows, heads, head_dim] float32; cos/sin: [rows, head_dim / 2]. Rotates adjacent channel pairs.
-at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const auto pairs = x.unflatten(-1, {-1, 2});
   const at::Tensor x0 = pairs.select(-1, 0), x1 = pairs.select(-1, 1);
   const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
@@ -69,8 +69,8 @@ at::Tensor attention_by_gather(const at::Tensor& q, const PagePool& pool, const 
 
 }  // namespace
 
-void LlamaModel::forward_torch(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, PagePool& pool,
-                               at::Tensor* logits) const {
+Status LlamaModel::forward_torch(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin,
+                                 PagePool& pool, at::Tensor* logits, const LayerObserver& observer) const {
   const LlamaConfig& c = config_;
   const int64_t hd = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads;
   const int64_t rows = begin.back(), layers = c.n_layers, ps = pool.spec().page_size;
@@ -146,8 +146,8 @@ void LlamaModel::forward_torch(std::span<const ForwardItem> batch, const std::ve
     const Layer& L = layers_[l];
     const LayerIndex& ix = index[l];
     const at::Tensor qkv = at::linear(rms_norm(x, L.attn_norm, c.rms_norm_eps).to(options_.dtype), L.wqkv.tensor).to(at::kFloat);
-    const at::Tensor q = rope(qkv.narrow(1, 0, nh * hd).view({rows, nh, hd}), cos, sin).to(options_.dtype);
-    const at::Tensor k = rope(qkv.narrow(1, nh * hd, nkv * hd).view({rows, nkv, hd}), cos, sin).to(options_.dtype);
+    const at::Tensor q = apply_rope(qkv.narrow(1, 0, nh * hd).view({rows, nh, hd}), cos, sin).to(options_.dtype);
+    const at::Tensor k = apply_rope(qkv.narrow(1, nh * hd, nkv * hd).view({rows, nkv, hd}), cos, sin).to(options_.dtype);
     const at::Tensor v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd).view({rows, nkv, hd}).to(options_.dtype);
     at::Tensor attention;
 #if VC_WITH_CUDA
@@ -163,6 +163,21 @@ void LlamaModel::forward_torch(std::span<const ForwardItem> batch, const std::ve
       v_pages.index_put_({ix.slot_page, Slice(), ix.slot_offset, Slice()}, v);
       attention = attention_by_gather(q, pool, ix, batch, begin, l, scale);
     }
+    if (observer) {
+      std::vector<int64_t> request_ids(batch.size());
+      for (size_t i = 0; i < batch.size(); ++i) request_ids[i] = batch[i].request_id;
+      LayerActivations acts;
+      acts.layer = l;
+      acts.hidden = rms_norm(x, L.attn_norm, c.rms_norm_eps);
+      acts.q = q;
+      acts.k = k;
+      acts.v = v;
+      acts.positions = pos;
+      acts.row_offsets = begin;
+      acts.request_ids = request_ids;
+      const Status s = observer(acts);
+      if (!s.ok()) return s;
+    }
     x = x + at::linear(attention, L.wo.tensor).to(at::kFloat);
     const at::Tensor gate_up = at::linear(rms_norm(x, L.ffn_norm, c.rms_norm_eps).to(options_.dtype), L.w_gate_up.tensor);
     const at::Tensor act = at::silu(gate_up.narrow(1, 0, c.d_ff)) * gate_up.narrow(1, c.d_ff, c.d_ff);
@@ -171,11 +186,12 @@ void LlamaModel::forward_torch(std::span<const ForwardItem> batch, const std::ve
   const std::vector<int64_t> out_rows = logit_rows(batch, begin);
   if (out_rows.empty()) {
     *logits = at::empty({0, c.vocab_size}, at::kFloat);
-    return;
+    return Status();
   }
   const at::Tensor selected = x.index_select(0, at::tensor(out_rows, i64).to(dev));
   const at::Tensor h = rms_norm(selected, output_norm_, c.rms_norm_eps).to(options_.dtype);
   *logits = at::linear(h, output_.tensor).to(at::kFloat).to(at::kCPU).contiguous();
+  return Status();
 }
 
 }  // namespace vericache

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cstdio>
 #include <map>
 #include <optional>
 
@@ -293,24 +294,70 @@ std::vector<int64_t> LlamaModel::logit_rows(std::span<const ForwardItem> batch, 
   return rows;
 }
 
-Status LlamaModel::forward(std::span<const ForwardItem> batch, PagePool& pool, at::Tensor* logits) const {
+Status LlamaModel::forward(std::span<const ForwardItem> batch, PagePool& pool, at::Tensor* logits,
+                           const LayerObserver& observer) const {
   VC_RETURN_IF_ERROR(validate(batch, pool));
   std::vector<int64_t> begin(batch.size() + 1, 0);
   for (size_t i = 0; i < batch.size(); ++i) {
     begin[i + 1] = begin[i] + static_cast<int64_t>(batch[i].tokens.size());
     VC_CHECK(batch[i].kv->reserve(pool, static_cast<int64_t>(batch[i].tokens.size())).ok(), "validated reservation");
   }
+  Status status;
   if (path_ == ForwardPath::kCpuKernels) {
-    forward_cpu(batch, begin, pool, logits);
+    status = forward_cpu(batch, begin, pool, logits, observer);
   } else {
     try {
-      forward_torch(batch, begin, pool, logits);
+      status = forward_torch(batch, begin, pool, logits, observer);
     } catch (const c10::Error& e) {
       return Status::internal(std::string("forward on ") + options_.device.str() + ": " + first_line(e));
     }
   }
+  if (!status.ok()) return status;
   for (size_t i = 0; i < batch.size(); ++i) batch[i].kv->advance(begin[i + 1] - begin[i]);
   return Status();
+}
+
+ModelShape LlamaModel::shape() const {
+  return ModelShape{config_.n_layers,   config_.d_model,    config_.n_heads,        config_.n_kv_heads,
+                    config_.head_dim,   config_.vocab_size, config_.context_length, config_.rope_freq_base};
+}
+
+void LlamaModel::rope(std::span<const int64_t> positions, at::Tensor* cos, at::Tensor* sin) const {
+  const at::Tensor index = at::tensor(std::vector<int64_t>(positions.begin(), positions.end()), at::kLong);
+  *cos = rope_cos_.cpu().index_select(0, index);
+  *sin = rope_sin_.cpu().index_select(0, index);
+}
+
+Result<at::Tensor> LlamaModel::weight(const std::string& gguf_name) const {
+  // Rows [first, first + count) of a stored matrix, as float32 on the CPU.
+  auto rows = [&](const Weight& w, int64_t first, int64_t count) -> at::Tensor {
+    if (w.tensor.scalar_type() != at::kByte) return w.tensor.narrow(0, first, count).to(at::kCPU, at::kFloat).clone();
+    at::Tensor out = at::empty({count, w.view.k}, at::kFloat);
+    for (int64_t r = 0; r < count; ++r) kernels_->weight_row(w.view, first + r, out[r].data_ptr<float>());
+    return out;
+  };
+  const LlamaConfig& c = config_;
+  const int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+  if (gguf_name == "token_embd.weight") return rows(token_embedding_, 0, c.vocab_size);
+  if (gguf_name == "output.weight") return rows(output_, 0, c.vocab_size);
+  if (gguf_name == "output_norm.weight") return output_norm_.cpu().clone();
+  int64_t layer = -1;
+  char part[64] = {};
+  if (std::sscanf(gguf_name.c_str(), "blk.%ld.%63[a-z_].weight", &layer, part) == 2 && layer >= 0 && layer < c.n_layers &&
+      gguf_name == "blk." + std::to_string(layer) + "." + part + ".weight") {
+    const Layer& L = layers_[layer];
+    const std::string p = part;
+    if (p == "attn_norm") return L.attn_norm.cpu().clone();
+    if (p == "ffn_norm") return L.ffn_norm.cpu().clone();
+    if (p == "attn_q") return rows(L.wqkv, 0, q);
+    if (p == "attn_k") return rows(L.wqkv, q, kv);
+    if (p == "attn_v") return rows(L.wqkv, q + kv, kv);
+    if (p == "attn_output") return rows(L.wo, 0, c.d_model);
+    if (p == "ffn_gate") return rows(L.w_gate_up, 0, c.d_ff);
+    if (p == "ffn_up") return rows(L.w_gate_up, c.d_ff, c.d_ff);
+    if (p == "ffn_down") return rows(L.w_down, 0, c.d_model);
+  }
+  return Status::not_found(file_path_ + ": no weight named '" + gguf_name + "'");
 }
 
 }  // namespace vericache

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <vericache/compressor.h>
 #include <vericache/status.h>
 
 #include "kernels/cpu_kernels.h"
@@ -64,7 +66,12 @@ struct ForwardItem {
   std::span<const int32_t> positions;  // [n] RoPE positions: the tokens' positions in the uncompressed sequence
   SequenceKv* kv = nullptr;            // receives n slots in every layer
   LogitRows logits = LogitRows::kLast;
+  int64_t request_id = 0;              // reported to compressors in LayerActivations
 };
+
+// Called after each layer's attention with that layer's activations for the whole batch
+// (vericache/compressor.h); a non-OK Status aborts the forward (caches keep their lengths).
+using LayerObserver = std::function<Status(const LayerActivations&)>;
 
 class LlamaModel {
  public:
@@ -94,7 +101,15 @@ class LlamaModel {
   // InvalidArgument (nothing changed) for a token id outside the vocabulary, a position past the
   // context length, mismatched token/position counts or a cache of another model; OutOfPages
   // (nothing changed) when the pool cannot hold the new slots of the whole batch.
-  Status forward(std::span<const ForwardItem> batch, PagePool& pool, at::Tensor* logits) const;
+  Status forward(std::span<const ForwardItem> batch, PagePool& pool, at::Tensor* logits,
+                 const LayerObserver& observer = {}) const;
+
+  // A weight by GGUF name ("blk.3.attn_q.weight", "token_embd.weight", "output_norm.weight", ...)
+  // as a float32 CPU tensor in PyTorch order; NotFound for an unknown name.
+  Result<at::Tensor> weight(const std::string& gguf_name) const;
+  // cos and sin [positions, head_dim / 2] of the model's RoPE (float32, CPU).
+  void rope(std::span<const int64_t> positions, at::Tensor* cos, at::Tensor* sin) const;
+  ModelShape shape() const;
 
   // The CPU kernels in use ("avx512" or "portable"); tests switch them to compare the two builds.
   const cpu::KernelTable& kernels() const { return *kernels_; }
@@ -128,10 +143,10 @@ class LlamaModel {
   Status place_weights();
   Status validate(std::span<const ForwardItem> batch, const PagePool& pool) const;
   // After validate() and reserving every item's slots; `begin[i]` is item i's first row.
-  void forward_cpu(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, PagePool& pool,
-                   at::Tensor* logits) const;
-  void forward_torch(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, PagePool& pool,
-                     at::Tensor* logits) const;
+  Status forward_cpu(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, PagePool& pool,
+                     at::Tensor* logits, const LayerObserver& observer) const;
+  Status forward_torch(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, PagePool& pool,
+                       at::Tensor* logits, const LayerObserver& observer) const;
   // Rows whose logits the batch asks for, in batch order.
   static std::vector<int64_t> logit_rows(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin);
 

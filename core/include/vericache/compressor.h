@@ -1,0 +1,172 @@
+// The compressor contract: what a KV-cache compressor plugin implements and what the runtime hands it.
+//
+// Families: token dropping (per (layer, KV head) kept positions, the same count for every head of
+// a layer, counts free across layers) and quantization (a uniform bit_scheme, packed in pages).
+// Modes: offline (compress() once after prefill; may run extra forwards through ModelAccess) and
+// online (update() after each layer's forward returns drops to apply).
+// The ratio c is always the kept fraction: KV_comp = c * KV_full.
+//
+// Rules every plugin follows (CompressorBase enforces the first):
+//   - no exception leaves a plugin: failures are Status values naming the reason;
+//   - tensors handed in are borrowed for the call; tensors handed out are owned by the caller;
+//   - a compressor object is used by one thread at a time (the runtime serialises calls).
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <vericache/kv_view.h>
+#include <vericache/status.h>
+
+namespace vericache {
+
+enum class CompressorFamily : uint32_t { kTokenDropping = 0, kQuantization = 1 };
+enum class CompressionMode : uint32_t { kOffline = 0, kOnline = 1 };
+// Bits of a scenario mask.
+enum class Scenario : uint32_t { kLongContext = 1, kRemotePrefix = 2 };
+
+const char* family_name(CompressorFamily family);  // "token-dropping", "quantization"
+const char* mode_name(CompressionMode mode);        // "offline", "online"
+
+// The result of compressing one request's cache.
+struct CompressedKV {
+  // Token dropping: [n_layers] int64 [n_kv_heads, n_kept(layer)], each row strictly increasing
+  // positions in [0, full length). Quantization: empty.
+  std::vector<at::Tensor> kept;
+  // Quantization: bits per stored element, the same everywhere; 0 for full precision.
+  int bit_scheme = 0;
+};
+
+// What one layer's forward exposes, for every request in the batch (rows concatenated; request i
+// owns rows [row_offsets[i], row_offsets[i + 1])). Float32 on the CPU, the model dtype elsewhere.
+struct LayerActivations {
+  int64_t layer = 0;
+  at::Tensor hidden;     // [rows, d_model] the attention input (after the pre-attention RMSNorm)
+  at::Tensor q;          // [rows, n_heads, head_dim] after RoPE
+  at::Tensor k;          // [rows, n_kv_heads, head_dim] after RoPE
+  at::Tensor v;          // [rows, n_kv_heads, head_dim]
+  at::Tensor positions;  // [rows] int64 RoPE positions
+  std::span<const int64_t> row_offsets;  // [requests + 1]
+  std::span<const int64_t> request_ids;  // [requests] the runtime's id of each request
+};
+
+// Online drops for one request in one layer: positions each KV head stops keeping (the same count
+// for every head). Positions must be currently kept.
+struct LayerDrops {
+  int64_t request_id = 0;
+  at::Tensor positions;  // int64 [n_kv_heads, n_dropped]
+};
+
+struct ModelShape {
+  int64_t n_layers = 0;
+  int64_t d_model = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t vocab_size = 0;
+  int64_t context_length = 0;
+  double rope_freq_base = 0;
+};
+
+// The model, as an offline compressor may use it. Implemented by the runtime.
+class ModelAccess {
+ public:
+  virtual ~ModelAccess() = default;
+  virtual const ModelShape& shape() const = 0;
+  // A weight as a float32 CPU tensor in PyTorch order, by GGUF name ("blk.3.attn_q.weight");
+  // NotFound names a missing weight. Q/K rows are in GGUF order (RoPE rotates adjacent pairs).
+  virtual Result<at::Tensor> weight(const std::string& gguf_name) const = 0;
+  // cos and sin [positions, head_dim / 2] float32 of the model's RoPE at `positions`.
+  virtual void rope(std::span<const int64_t> positions, at::Tensor* cos, at::Tensor* sin) const = 0;
+  // Runs `tokens` at `positions` through the model after the request's full cache, reports every
+  // layer's activations to `observe`, then rolls the cache back: no KV of these tokens is kept.
+  virtual Status run_without_keeping(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                                     const std::function<Status(const LayerActivations&)>& observe) = 0;
+  // The request's prompt tokens (the full cache holds their K/V).
+  virtual std::span<const int32_t> prompt() const = 0;
+};
+
+// The interface the runtime calls. Plugins derive from CompressorBase, not from this.
+class Compressor {
+ public:
+  virtual ~Compressor() = default;
+  virtual const std::string& name() const = 0;
+  virtual CompressorFamily family() const = 0;
+  virtual CompressionMode mode() const = 0;
+  virtual uint32_t scenarios() const = 0;  // Scenario bits
+
+  // After each layer's forward (prefill and decode) of a batch holding this compressor's requests.
+  // Offline compressors may record what compress() will need; online ones append drops.
+  virtual Status update(const LayerActivations& activations, std::vector<LayerDrops>* drops) noexcept = 0;
+  // Offline: the kept set for one request's full cache at kept fraction `ratio` in (0, 1].
+  virtual Status compress(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) noexcept = 0;
+  // Prepares what attention reads for `layer` of a compressed cache. Token dropping: nothing to do
+  // (attention reads the compacted pages). Quantization: dequantize into the view's pages.
+  virtual Status decompress(const CompressedKV& compressed, int64_t layer, KvCacheView& pages) noexcept = 0;
+  // Forgets per-request state (the request finished).
+  virtual void release(int64_t request_id) noexcept = 0;
+};
+
+// Base class for plugins: implement the *_impl hooks; every call is wrapped so that an exception
+// becomes a Status naming the compressor (the wrapping is compiled into the plugin).
+class CompressorBase : public Compressor {
+ public:
+  CompressorBase(std::string name, CompressorFamily family, CompressionMode mode, uint32_t scenarios)
+      : name_(std::move(name)), family_(family), mode_(mode), scenarios_(scenarios) {}
+
+  const std::string& name() const final { return name_; }
+  CompressorFamily family() const final { return family_; }
+  CompressionMode mode() const final { return mode_; }
+  uint32_t scenarios() const final { return scenarios_; }
+
+  Status update(const LayerActivations& activations, std::vector<LayerDrops>* drops) noexcept final {
+    return guard([&] { return update_impl(activations, drops); });
+  }
+  Status compress(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) noexcept final {
+    return guard([&] { return compress_impl(full_kv, ratio, model, out); });
+  }
+  Status decompress(const CompressedKV& compressed, int64_t layer, KvCacheView& pages) noexcept final {
+    return guard([&] { return decompress_impl(compressed, layer, pages); });
+  }
+  void release(int64_t request_id) noexcept final {
+    try {
+      release_impl(request_id);
+    } catch (...) {
+    }
+  }
+
+ protected:
+  // Defaults: observe nothing, compress nothing (NotSupported), decompress nothing.
+  virtual Status update_impl(const LayerActivations&, std::vector<LayerDrops>*) { return Status(); }
+  virtual Status compress_impl(const KvCacheView&, double, ModelAccess&, CompressedKV*) {
+    return Status::not_supported(name_ + ": this compressor has no offline compress()");
+  }
+  virtual Status decompress_impl(const CompressedKV&, int64_t, KvCacheView&) { return Status(); }
+  virtual void release_impl(int64_t) {}
+
+ private:
+  template <typename F>
+  Status guard(F&& f) noexcept {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      const std::string what = e.what();  // libtorch errors append lines of context: keep the first
+      return Status::plugin_error(name_ + ": " + what.substr(0, what.find('\n')));
+    } catch (...) {
+      return Status::plugin_error(name_ + ": unknown exception");
+    }
+  }
+
+  std::string name_;
+  CompressorFamily family_;
+  CompressionMode mode_;
+  uint32_t scenarios_;
+};
+
+}  // namespace vericache
