@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "util/thread_pool.h"
@@ -53,6 +56,39 @@ Result<LoadOptions> parse_load_options(const std::string& device, const std::str
     return Status::invalid_argument("--dtype " + dtype + ": the CPU forward computes in float32");
   }
   return options;
+}
+
+Result<std::string> read_prompt(const std::string& prompt, const std::string& prompt_file) {
+  if (!prompt.empty() && !prompt_file.empty()) return Status::invalid_argument("give --prompt or --prompt-file, not both");
+  if (prompt_file.empty()) {
+    if (prompt.empty()) return Status::invalid_argument("no prompt: give --prompt TEXT or --prompt-file PATH");
+    return prompt;
+  }
+  std::stringstream ss;
+  if (prompt_file == "-") {
+    ss << std::cin.rdbuf();
+  } else {
+    std::ifstream in(prompt_file, std::ios::binary);
+    if (!in) return Status::not_found(prompt_file + ": cannot read the prompt file");
+    ss << in.rdbuf();
+  }
+  return ss.str();
+}
+
+Result<std::vector<int32_t>> prompt_tokens(const LlamaModel& model, const std::string& text, bool raw,
+                                           const std::string& system) {
+  const Tokenizer& tok = model.tokenizer();
+  std::string rendered = text;
+  if (!raw) {
+    VC_ASSIGN_OR_RETURN(ChatTemplate chat, model.chat_template());
+    std::vector<ChatMessage> messages;
+    if (!system.empty()) messages.push_back({"system", system});
+    messages.push_back({"user", text});
+    rendered = chat.render(messages, /*add_generation_prompt=*/true);
+  }
+  std::vector<int32_t> ids = tok.encode(rendered, /*parse_special=*/!raw);
+  if (tok.add_bos() && tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
+  return ids;
 }
 
 void set_threads(int threads) {

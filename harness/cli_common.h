@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <vericache/status.h>
 
@@ -27,6 +28,15 @@ Result<std::string> resolve_model_path(const std::string& requested);
 // --device (cpu, cuda, cuda:N) and --dtype (float32, bfloat16, float16; "auto": float32 on the CPU,
 // bfloat16 on a GPU) as load options; InvalidArgument naming the bad value.
 Result<LoadOptions> parse_load_options(const std::string& device, const std::string& dtype);
+
+// The prompt from --prompt TEXT or --prompt-file PATH ('-' for standard input): InvalidArgument
+// when neither or both are given, NotFound when the file cannot be read.
+Result<std::string> read_prompt(const std::string& prompt, const std::string& prompt_file);
+
+// Token ids of `text`, wrapped as a user message in the model's chat template (with `system` as
+// the system message when not empty) unless `raw`; a BOS token first when the model wants one.
+Result<std::vector<int32_t>> prompt_tokens(const LlamaModel& model, const std::string& text, bool raw,
+                                           const std::string& system);
 
 // Sets the kernel thread pool and libtorch's intra-op threads: `threads` if positive, else every
 // hardware thread.

@@ -7,5 +7,6 @@ namespace vericache::cli {
 int run_generate(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int run_plugins(int argc, char** argv);
+int run_compress(int argc, char** argv);
 
 }  // namespace vericache::cli

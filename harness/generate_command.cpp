@@ -3,9 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -67,25 +65,6 @@ po::options_description describe(GenerateOptions& o) {
     ("json", po::bool_switch(&o.json), "print one JSON object instead of streaming text");
   // clang-format on
   return d;
-}
-
-Result<std::string> read_prompt(const GenerateOptions& o) {
-  if (!o.prompt.empty() && !o.prompt_file.empty()) {
-    return Status::invalid_argument("give --prompt or --prompt-file, not both");
-  }
-  if (o.prompt_file.empty()) {
-    if (o.prompt.empty()) return Status::invalid_argument("no prompt: give --prompt TEXT or --prompt-file PATH");
-    return o.prompt;
-  }
-  std::stringstream ss;
-  if (o.prompt_file == "-") {
-    ss << std::cin.rdbuf();
-  } else {
-    std::ifstream in(o.prompt_file, std::ios::binary);
-    if (!in) return Status::not_found(o.prompt_file + ": cannot read the prompt file");
-    ss << in.rdbuf();
-  }
-  return ss.str();
 }
 
 Status check_options(const GenerateOptions& o) {
@@ -163,7 +142,7 @@ int run_generate(int argc, char** argv) {
   if (Status s = check_options(o); !s.ok()) return report_usage_error("generate", s.message());
   auto load_options = parse_load_options(o.device, o.dtype);
   if (!load_options.ok()) return report_usage_error("generate", load_options.status().message());
-  auto prompt_text = read_prompt(o);
+  auto prompt_text = read_prompt(o.prompt, o.prompt_file);
   if (!prompt_text.ok()) {
     return prompt_text.status().code() == StatusCode::kInvalidArgument
                ? report_usage_error("generate", prompt_text.status().message())
@@ -178,17 +157,9 @@ int run_generate(int argc, char** argv) {
   const LlamaModel& m = **model;
   const Tokenizer& tok = m.tokenizer();
 
-  std::string rendered = *prompt_text;
-  if (!o.no_chat_template) {
-    auto chat = m.chat_template();
-    if (!chat.ok()) return report_error(chat.status());
-    std::vector<ChatMessage> messages;
-    if (!o.system.empty()) messages.push_back({"system", o.system});
-    messages.push_back({"user", *prompt_text});
-    rendered = chat->render(messages, /*add_generation_prompt=*/true);
-  }
-  std::vector<int32_t> prompt = tok.encode(rendered, /*parse_special=*/!o.no_chat_template);
-  if (tok.add_bos() && tok.bos_id() >= 0) prompt.insert(prompt.begin(), tok.bos_id());
+  auto prompt_ids = prompt_tokens(m, *prompt_text, o.no_chat_template, o.system);
+  if (!prompt_ids.ok()) return report_error(prompt_ids.status());
+  const std::vector<int32_t>& prompt = *prompt_ids;
 
   std::vector<GenerationRequest> requests(o.batch);
   for (int64_t i = 0; i < o.batch; ++i) {

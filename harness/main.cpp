@@ -18,6 +18,7 @@ constexpr Command kCommands[] = {
     {"generate", vericache::cli::run_generate, "generate text with full-KV decoding on a GGUF model"},
     {"bench", vericache::cli::run_bench, "prefill and decode tokens/s over context lengths and batch sizes"},
     {"plugins", vericache::cli::run_plugins, "list the compressor plugins found, with their descriptors"},
+    {"compress", vericache::cli::run_compress, "run one compressor on a prompt's KV cache and report what it kept"},
 };
 
 void print_help() {

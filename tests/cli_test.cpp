@@ -96,6 +96,24 @@ TEST(Cli, PluginsListsDescriptorsAndRefusals) {
   EXPECT_EQ(out["rejected"].size(), 3u);
 }
 
+TEST(Cli, CompressRunsAPluginByPath) {
+  const std::string plugin = std::string(VC_FIXTURE_PLUGIN_DIR) + "/vc_plugin_streaming_llm.so";
+  const CliRun r = run_vericache("compress --compressor " + plugin +
+                                 " --params '{\"sinks\": 2}' -c 0.5 --no-chat-template --json -p \"" +
+                                 std::string(40, 'a') + " b c d e f g h\"");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out["compressor"], "streaming_llm");
+  const int64_t n = out["prompt_tokens"];
+  for (const auto& k : out["kept_per_layer"]) EXPECT_EQ(k.get<int64_t>(), n / 2);
+  const CliRun bad = run_vericache("compress --compressor " + plugin + " --params '{\"sinks\": -1}' -p hi");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.err, "vericache: error: plugins: streaming_llm: bad parameters: 'sinks' must be a non-negative integer, got -1\n");
+  const CliRun missing = run_vericache("compress --compressor no_such_compressor -p hi");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_EQ(missing.err.rfind("vericache: error: plugins: no compressor named 'no_such_compressor'", 0), 0u) << missing.err;
+}
+
 TEST(Cli, HelpExplainsEveryOption) {
   const CliRun r = run_vericache("generate --help");
   EXPECT_EQ(r.exit_code, 0);

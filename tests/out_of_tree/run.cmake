@@ -1,0 +1,31 @@
+# Installs the build into a scratch prefix, builds tests/out_of_tree/streaming_llm against the
+# installed package (find_package(VeriCache)), and runs the installed `vericache compress` on the
+# resulting plugin by path. Arguments: BUILD_DIR, SOURCE_DIR, WORK_DIR, TORCH_PREFIX, GENERATOR.
+file(REMOVE_RECURSE ${WORK_DIR})
+set(prefix ${WORK_DIR}/prefix)
+
+function(run_step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}):\n${out}\n${err}")
+  endif()
+  set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+
+run_step("install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+run_step("configure the out-of-tree plugin" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/out_of_tree/streaming_llm
+         -B ${WORK_DIR}/build -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${prefix}\;${TORCH_PREFIX}")
+run_step("build the out-of-tree plugin" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+set(plugin ${WORK_DIR}/build/vc_plugin_streaming_llm.so)
+run_step("run it by path" ${prefix}/bin/vericache compress --compressor ${plugin} --params "{\"sinks\": 4}"
+         -c 0.25 --no-chat-template --json -p "The out-of-tree plugin compresses this prompt, a real cache of a real model.")
+string(FIND "${step_output}" "\"compressor\":\"streaming_llm\"" found)
+if(found EQUAL -1)
+  message(FATAL_ERROR "unexpected output: ${step_output}")
+endif()
+run_step("list it" ${prefix}/bin/vericache plugins --plugin-dir ${WORK_DIR}/build --json)
+string(FIND "${step_output}" "\"name\": \"streaming_llm\"" found)
+if(found EQUAL -1)
+  message(FATAL_ERROR "vericache plugins did not list the plugin: ${step_output}")
+endif()
+message(STATUS "out-of-tree plugin built against ${prefix} and run by path")
