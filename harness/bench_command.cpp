@@ -68,14 +68,10 @@ int run_bench(int argc, char** argv) {
     ("json", po::bool_switch(&json), "print one JSON object per configuration instead of a table");
   // clang-format on
   po::variables_map vm;
+  const std::string example = "Example:\n  vericache bench --contexts 512,2048 --batches 1,8 --decode-tokens 32\n";
+  if (auto done = parse_command_line("bench", desc, example, argc, argv, &vm)) return *done;
   std::vector<int64_t> contexts, batches;
   try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-    po::notify(vm);
-    if (vm.count("help")) {
-      std::cout << desc << "\nExample:\n  vericache bench --contexts 512,2048 --batches 1,8 --decode-tokens 32\n";
-      return kExitOk;
-    }
     contexts = parse_list(contexts_arg, "contexts");
     batches = parse_list(batches_arg, "batches");
     if (decode_tokens < 2) throw po::error("--decode-tokens must be >= 2");

@@ -97,6 +97,23 @@ void set_threads(int threads) {
   ThreadPool::set_global_threads(threads);
 }
 
+std::optional<int> parse_command_line(const std::string& command, const boost::program_options::options_description& desc,
+                                      const std::string& examples, int argc, char** argv,
+                                      boost::program_options::variables_map* vm) {
+  namespace po = boost::program_options;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), *vm);
+    po::notify(*vm);
+  } catch (const po::error& e) {
+    return report_usage_error(command, e.what());
+  }
+  if (vm->count("help")) {
+    std::cout << desc << (examples.empty() ? "" : "\n" + examples);
+    return kExitOk;
+  }
+  return std::nullopt;
+}
+
 int report_error(const Status& status) {
   std::fprintf(stderr, "vericache: error: %s\n", status.message().c_str());
   return kExitFailure;

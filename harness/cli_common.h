@@ -1,8 +1,11 @@
 // Pieces shared by the `vericache` subcommands: model location, thread setup, error output.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <boost/program_options.hpp>
 
 #include <vericache/status.h>
 
@@ -41,6 +44,13 @@ Result<std::vector<int32_t>> prompt_tokens(const LlamaModel& model, const std::s
 // Sets the kernel thread pool and libtorch's intra-op threads: `threads` if positive, else every
 // hardware thread.
 void set_threads(int threads);
+
+// Parses a subcommand's command line into `vm`. Returns the exit code to stop with: kExitUsage
+// after printing a bad option's error, kExitOk after printing --help (`desc`, then `examples`);
+// std::nullopt when the command should run.
+std::optional<int> parse_command_line(const std::string& command, const boost::program_options::options_description& desc,
+                                      const std::string& examples, int argc, char** argv,
+                                      boost::program_options::variables_map* vm);
 
 // Prints "vericache: error: <message>" to stderr and returns kExitFailure.
 int report_error(const Status& status);

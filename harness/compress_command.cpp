@@ -40,16 +40,9 @@ int run_compress(int argc, char** argv) {
     ("json", po::bool_switch(&json), "print one JSON object");
   // clang-format on
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    return report_usage_error("compress", e.what());
-  }
-  if (vm.count("help")) {
-    std::cout << desc << "\nExample:\n  vericache compress --compressor streaming_llm --params '{\"sinks\": 4}' -c 0.25 -f doc.txt\n";
-    return kExitOk;
-  }
+  const std::string example =
+      "Example:\n  vericache compress --compressor streaming_llm --params '{\"sinks\": 4}' -c 0.25 -f doc.txt\n";
+  if (auto done = parse_command_line("compress", desc, example, argc, argv, &vm)) return *done;
   if (compressor_arg.empty()) return report_usage_error("compress", "give --compressor NAME or --compressor PATH");
   if (!(ratio > 0 && ratio <= 1)) return report_usage_error("compress", "--ratio must be in (0, 1]");
   auto text = read_prompt(prompt, prompt_file);

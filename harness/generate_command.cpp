@@ -127,18 +127,11 @@ int run_generate(int argc, char** argv) {
   GenerateOptions o;
   po::options_description desc = describe(o);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    return report_usage_error("generate", e.what());
-  }
-  if (vm.count("help")) {
-    std::cout << desc << "\nExamples:\n"
-              << "  vericache generate --prompt \"What is the capital of France?\" --max-tokens 64\n"
-              << "  vericache generate -f prompt.txt --no-chat-template --temperature 0.7 --seed 1 --json\n";
-    return kExitOk;
-  }
+  const std::string examples =
+      "Examples:\n"
+      "  vericache generate --prompt \"What is the capital of France?\" --max-tokens 64\n"
+      "  vericache generate -f prompt.txt --no-chat-template --temperature 0.7 --seed 1 --json\n";
+  if (auto done = parse_command_line("generate", desc, examples, argc, argv, &vm)) return *done;
   if (Status s = check_options(o); !s.ok()) return report_usage_error("generate", s.message());
   auto load_options = parse_load_options(o.device, o.dtype);
   if (!load_options.ok()) return report_usage_error("generate", load_options.status().message());

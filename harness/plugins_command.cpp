@@ -38,16 +38,7 @@ int run_plugins(int argc, char** argv) {
     ("json", po::bool_switch(&json), "print one JSON object");
   // clang-format on
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    return report_usage_error("plugins", e.what());
-  }
-  if (vm.count("help")) {
-    std::cout << desc;
-    return kExitOk;
-  }
+  if (auto done = parse_command_line("plugins", desc, "", argc, argv, &vm)) return *done;
   std::vector<std::string> dirs = extra_dirs;
   for (const std::string& d : default_plugin_dirs()) dirs.push_back(d);
   const PluginSearch search = find_plugins(dirs);
