@@ -51,7 +51,6 @@ TEST(GpuKernels, PagedAttentionMatchesCpuKernelAndIsRowInvariant) {
   a.n_kv_heads = kv_heads;
   a.head_dim = hd;
   a.cached_len = cached;
-  a.n_rows = rows;
   a.scale = 0.125f;
   for (int64_t g = 0; g < kv_heads; ++g) cpu::best_kernels().attention(a, g, 0, rows);
 

@@ -169,7 +169,6 @@ TEST(Kernels, PagedAttentionMatchesReferenceAndIsRowInvariant) {
     a.n_kv_heads = kv_heads;
     a.head_dim = hd;
     a.cached_len = cached;
-    a.n_rows = rows;
     a.scale = 0.125f;
     for (int64_t g = 0; g < kv_heads; ++g) k->attention(a, g, 0, rows);
     auto key = [&](int64_t slot, int64_t g, int64_t d) {
@@ -202,7 +201,6 @@ TEST(Kernels, PagedAttentionMatchesReferenceAndIsRowInvariant) {
       one.q = q.data() + r * heads * hd;
       one.out = single.data();
       one.cached_len = cached + r;
-      one.n_rows = 1;
       for (int64_t g = 0; g < kv_heads; ++g) k->attention(one, g, 0, 1);
       ASSERT_EQ(std::memcmp(single.data(), out.data() + r * heads * hd, single.size() * sizeof(float)), 0)
           << k->isa << " row " << r;

@@ -33,12 +33,12 @@ struct WeightView {
 // Paged attention over one request's cache for one layer (see kv/page_pool.h for the layout):
 //   K pages: [num_pages][n_kv_heads][head_dim][page_size]  (keys transposed within a page)
 //   V pages: [num_pages][n_kv_heads][page_size][head_dim]
-// The request's new rows are already written at slots cached_len .. cached_len + n_rows - 1;
+// The request's new rows are already written at slots cached_len, cached_len + 1, ...;
 // row i attends to slots [0, cached_len + i] (causal within the new rows).
 struct PagedAttentionArgs {
-  const float* q = nullptr;      // [n_rows][n_heads][head_dim], row stride q_row_stride
+  const float* q = nullptr;      // [rows][n_heads][head_dim], row stride q_row_stride
   int64_t q_row_stride = 0;
-  float* out = nullptr;          // [n_rows][n_heads][head_dim], row stride out_row_stride
+  float* out = nullptr;          // [rows][n_heads][head_dim], row stride out_row_stride
   int64_t out_row_stride = 0;
   const float* k_pages = nullptr;
   const float* v_pages = nullptr;
@@ -48,7 +48,6 @@ struct PagedAttentionArgs {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;                  // 64 or 128
   int64_t cached_len = 0;
-  int64_t n_rows = 0;
   float scale = 0;
 };
 

@@ -105,28 +105,14 @@ void k_scale_min(const uint8_t* s, int j, uint8_t* scale, uint8_t* min) {
   }
 }
 
-void dequant_q4_k(const uint8_t* b, float* y) {
-  const float d = load_f16(b);
-  const float dmin = load_f16(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* qs = b + 16;
-  for (int j = 0; j < 8; ++j) {
-    uint8_t sc, m;
-    k_scale_min(scales, j, &sc, &m);
-    const float dj = d * static_cast<float>(sc);
-    const float mj = dmin * static_cast<float>(m);
-    const uint8_t* q = qs + 32 * (j / 2);
-    const int shift = (j % 2) * 4;
-    for (int i = 0; i < 32; ++i) y[32 * j + i] = dj * static_cast<float>((q[i] >> shift) & 0x0f) - mj;
-  }
-}
-
-void dequant_q5_k(const uint8_t* b, float* y) {
+// Q4_K and Q5_K share the super-block layout; Q5_K adds a fifth bit per value from qh[32].
+template <bool kFifthBit>
+void dequant_k_quant(const uint8_t* b, float* y) {
   const float d = load_f16(b);
   const float dmin = load_f16(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48;
+  const uint8_t* qs = kFifthBit ? b + 48 : b + 16;
   for (int j = 0; j < 8; ++j) {
     uint8_t sc, m;
     k_scale_min(scales, j, &sc, &m);
@@ -135,7 +121,8 @@ void dequant_q5_k(const uint8_t* b, float* y) {
     const uint8_t* q = qs + 32 * (j / 2);
     const int shift = (j % 2) * 4;
     for (int i = 0; i < 32; ++i) {
-      const int v = ((q[i] >> shift) & 0x0f) | (((qh[i] >> j) & 1) << 4);
+      int v = (q[i] >> shift) & 0x0f;
+      if constexpr (kFifthBit) v |= ((qh[i] >> j) & 1) << 4;
       y[32 * j + i] = dj * static_cast<float>(v) - mj;
     }
   }
@@ -165,8 +152,8 @@ BlockFn block_fn(GgmlType type) {
     case GgmlType::kQ4_1: return dequant_q4_1;
     case GgmlType::kQ5_0: return dequant_q5_0;
     case GgmlType::kQ5_1: return dequant_q5_1;
-    case GgmlType::kQ4_K: return dequant_q4_k;
-    case GgmlType::kQ5_K: return dequant_q5_k;
+    case GgmlType::kQ4_K: return dequant_k_quant<false>;
+    case GgmlType::kQ5_K: return dequant_k_quant<true>;
     case GgmlType::kQ6_K: return dequant_q6_k;
     default: return nullptr;
   }

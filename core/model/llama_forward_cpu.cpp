@@ -143,7 +143,6 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
         a.n_kv_heads = nkv;
         a.head_dim = hd;
         a.cached_len = kv.length(l);
-        a.n_rows = begin[job.item + 1] - begin[job.item];
         a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
         k.attention(a, job.kv_head, job.row0, job.row1);
       }
