@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "loader/plugin_loader.h"
 #include "util/thread_pool.h"
 
 namespace vericache::cli {
@@ -123,6 +124,17 @@ int report_usage_error(const std::string& command, const std::string& message) {
   std::fprintf(stderr, "vericache %s: %s\nRun 'vericache %s --help' for the options.\n", command.c_str(),
                message.c_str(), command.c_str());
   return kExitUsage;
+}
+
+Result<std::shared_ptr<Compressor>> load_compressor_for(const std::string& name_or_path, const std::string& json_params,
+                                                        std::vector<std::string> extra_dirs, const LlamaModel& model,
+                                                        std::string* path) {
+  for (const std::string& d : default_plugin_dirs()) extra_dirs.push_back(d);
+  VC_ASSIGN_OR_RETURN(PluginInfo plugin, resolve_plugin(name_or_path, extra_dirs));
+  VC_ASSIGN_OR_RETURN(std::shared_ptr<Compressor> compressor, load_compressor(plugin.path, json_params));
+  VC_RETURN_IF_ERROR(compressor->attach(model.shape()));
+  if (path != nullptr) *path = plugin.path;
+  return compressor;
 }
 
 }  // namespace vericache::cli

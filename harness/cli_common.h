@@ -1,12 +1,14 @@
 // Pieces shared by the `vericache` subcommands: model location, thread setup, error output.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <boost/program_options.hpp>
 
+#include <vericache/compressor.h>
 #include <vericache/status.h>
 
 #include "model/llama_model.h"
@@ -55,5 +57,11 @@ std::optional<int> parse_command_line(const std::string& command, const boost::p
 // Prints "vericache: error: <message>" to stderr and returns kExitFailure.
 int report_error(const Status& status);
 int report_usage_error(const std::string& command, const std::string& message);
+
+// Finds a compressor by name or path (also in `extra_dirs`), creates it with `json_params` and
+// attaches it to `model`. `path` receives the library's path.
+Result<std::shared_ptr<Compressor>> load_compressor_for(const std::string& name_or_path, const std::string& json_params,
+                                                        std::vector<std::string> extra_dirs, const LlamaModel& model,
+                                                        std::string* path = nullptr);
 
 }  // namespace vericache::cli

@@ -1,5 +1,6 @@
-// vericache compress: prefill a prompt, run one compressor (by name or by .so path) on the full
-// cache at kept fraction --ratio, check its output against the contract and report what it kept.
+// vericache compress: prefill a prompt, run one compressor (by name or by .so path) at kept
+// fraction --ratio (offline: on the full cache after prefill; online: during the prefill), check
+// its output against the contract, compact the cache and report what it kept and the bytes resident.
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
@@ -9,9 +10,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "engine/compressed_kv_check.h"
-#include "engine/model_access.h"
-#include "loader/plugin_loader.h"
+#include "engine/compression.h"
 
 namespace po = boost::program_options;
 
@@ -49,16 +48,14 @@ int run_compress(int argc, char** argv) {
   if (!text.ok()) return report_usage_error("compress", text.status().message());
   set_threads(threads);
 
-  for (const std::string& d : default_plugin_dirs()) plugin_dirs.push_back(d);
-  auto plugin = resolve_plugin(compressor_arg, plugin_dirs);
-  if (!plugin.ok()) return report_error(plugin.status());
-  auto compressor = load_compressor(plugin->path, params);
-  if (!compressor.ok()) return report_error(compressor.status());
   auto path = resolve_model_path(model_arg);
   if (!path.ok()) return report_error(path.status());
   auto model = LlamaModel::load(*path);
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
+  std::string plugin_path;
+  auto compressor = load_compressor_for(compressor_arg, params, plugin_dirs, m, &plugin_path);
+  if (!compressor.ok()) return report_error(compressor.status());
   auto ids = prompt_tokens(m, *text, raw, "");
   if (!ids.ok()) return report_error(ids.status());
   const auto n = static_cast<int64_t>(ids->size());
@@ -69,33 +66,50 @@ int run_compress(int argc, char** argv) {
   SequenceKv kv(m.config().n_layers);
   std::vector<int32_t> positions(n);
   for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(i);
+  // The prefill, every layer reported to the compressor (offline ones record what compress() needs).
   ForwardItem item{*ids, positions, &kv, LogitRows::kNone};
   at::Tensor logits;
-  if (Status s = m.forward(std::span(&item, 1), *pool, &logits); !s.ok()) return report_error(s);
+  const std::vector<double> ratios{ratio};
+  std::vector<LayerDrops> drops;
+  const auto prefill_start = std::chrono::steady_clock::now();
+  Status s = m.forward(std::span(&item, 1), *pool, &logits, compression_observer(**compressor, ratios, &drops));
+  const double prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
+  SequenceKv* caches[] = {&kv};
+  if (s.ok()) s = apply_drops((*compressor)->name(), *pool, caches, drops);
+  if (!s.ok()) return report_error(s);
+  const int64_t full_pages = m.config().n_layers * pool->spec().pages_for(n);  // what the full cache holds
 
-  LlamaModelAccess access(m, *pool, kv, *ids, 0);
   CompressedKV compressed;
   const auto start = std::chrono::steady_clock::now();
-  Status s = (*compressor)->compress(kv.view(*pool), ratio, access, &compressed);
+  if ((*compressor)->mode() == CompressionMode::kOffline) {
+    s = compress_offline(m, *pool, **compressor, ratio, *ids, 0, kv, &compressed);
+    if (!s.ok()) return report_error(s);
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (s.ok()) s = check_compressed_kv((*compressor)->name(), compressed, kv.view(*pool).layout, kv.view(*pool).lengths);
-  if (!s.ok()) return report_error(s);
+  const int64_t resident_pages = kv.pages_held();
 
   std::vector<int64_t> kept_per_layer;
   int64_t kept_total = 0;
-  for (const at::Tensor& k : compressed.kept) {
-    kept_per_layer.push_back(k.size(1));
-    kept_total += k.size(1);
+  for (int64_t l = 0; l < kv.n_layers(); ++l) {
+    kept_per_layer.push_back(kv.length(l));
+    kept_total += kv.length(l);
   }
   const double kept_fraction = static_cast<double>(kept_total) / static_cast<double>(n * m.config().n_layers);
   if (json) {
-    nlohmann::json out{{"compressor", (*compressor)->name()}, {"path", plugin->path},   {"params", params},
+    nlohmann::json out{{"compressor", (*compressor)->name()}, {"path", plugin_path},   {"params", params},
                        {"ratio", ratio},                      {"prompt_tokens", n},    {"kept_per_layer", kept_per_layer},
-                       {"kept_fraction", kept_fraction},      {"compress_seconds", seconds}};
+                       {"kept_fraction", kept_fraction},      {"compress_seconds", seconds},
+                       {"prefill_seconds", prefill_seconds},
+                       {"full_kv_bytes", full_pages * pool->page_bytes()},
+                       {"resident_kv_bytes", resident_pages * pool->page_bytes()}};
     std::cout << out.dump() << "\n";
   } else {
-    std::printf("%s (%s) at c = %.3f on %lld prompt tokens: kept %.3f of the cache in %.3f s\n", (*compressor)->name().c_str(),
-                plugin->path.c_str(), ratio, static_cast<long long>(n), kept_fraction, seconds);
+    std::printf("%s (%s) at c = %.3f on %lld prompt tokens: kept %.3f of the cache; compress %.3f s (prefill %.3f s)\n",
+                (*compressor)->name().c_str(), plugin_path.c_str(), ratio, static_cast<long long>(n), kept_fraction, seconds,
+                prefill_seconds);
+    std::printf("resident KV: %lld of %lld pages (%.1f of %.1f MiB)\n", static_cast<long long>(resident_pages),
+                static_cast<long long>(full_pages), resident_pages * pool->page_bytes() / 1048576.0,
+                full_pages * pool->page_bytes() / 1048576.0);
     std::printf("kept per layer (per KV head):");
     for (int64_t k : kept_per_layer) std::printf(" %lld", static_cast<long long>(k));
     std::printf("\n");

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <memory>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -35,6 +36,10 @@ struct GenerateOptions {
   std::string dtype = "auto";
   int64_t page_size = 16;
   int64_t prefill_chunk = 512;
+  std::string compressor;
+  std::string params = "{}";
+  double ratio = 1.0;
+  std::vector<std::string> plugin_dirs;
   bool json = false;
 };
 
@@ -62,6 +67,10 @@ po::options_description describe(GenerateOptions& o) {
     ("dtype", po::value(&o.dtype)->default_value("auto"), "float32, bfloat16 or float16; auto: float32 on cpu, bfloat16 on cuda")
     ("page-size", po::value(&o.page_size)->default_value(16), "KV cache page size in tokens (a multiple of 16)")
     ("prefill-chunk", po::value(&o.prefill_chunk)->default_value(512), "prompt tokens per request per prefill forward")
+    ("compressor", po::value(&o.compressor), "decode on this compressor's cache alone (lossy; plugin name or path)")
+    ("params", po::value(&o.params)->default_value("{}"), "the compressor's parameters as a JSON object")
+    ("ratio,c", po::value(&o.ratio)->default_value(1.0), "kept fraction c in (0, 1] for --compressor: KV_comp = c * KV_full")
+    ("plugin-dir", po::value(&o.plugin_dirs)->composing(), "also search this folder for plugins (repeatable)")
     ("json", po::bool_switch(&o.json), "print one JSON object instead of streaming text");
   // clang-format on
   return d;
@@ -74,6 +83,8 @@ Status check_options(const GenerateOptions& o) {
   if (!(o.top_p > 0 && o.top_p <= 1)) return Status::invalid_argument("--top-p must be in (0, 1]");
   if (o.batch < 1) return Status::invalid_argument("--batch must be >= 1");
   if (o.prefill_chunk < 1) return Status::invalid_argument("--prefill-chunk must be >= 1");
+  if (!(o.ratio > 0 && o.ratio <= 1)) return Status::invalid_argument("--ratio must be in (0, 1]");
+  if (o.compressor.empty() && o.ratio != 1.0) return Status::invalid_argument("--ratio needs --compressor");
   if (!o.system.empty() && o.no_chat_template) {
     return Status::invalid_argument("--system needs the chat template; drop --no-chat-template");
   }
@@ -161,7 +172,15 @@ int run_generate(int argc, char** argv) {
     requests[i].sampling = {o.temperature, o.top_k, o.top_p, o.seed + static_cast<uint64_t>(i)};
     requests[i].ignore_eos = o.ignore_eos;
   }
-  auto pool = m.make_page_pool(o.page_size, std::max<int64_t>(1, Generator::pages_needed(m, o.page_size, requests)));
+  std::shared_ptr<Compressor> compressor;
+  if (!o.compressor.empty()) {
+    auto loaded = load_compressor_for(o.compressor, o.params, o.plugin_dirs, m);
+    if (!loaded.ok()) return report_error(loaded.status());
+    compressor = std::move(*loaded);
+  }
+  // Offline compressors may run extra forwards over up to the prompt's length again (KVzip).
+  const int64_t extra_slots = compressor ? static_cast<int64_t>(prompt.size()) + 64 : 0;
+  auto pool = m.make_page_pool(o.page_size, std::max<int64_t>(1, Generator::pages_needed(m, o.page_size, requests, extra_slots)));
   if (!pool.ok()) return report_error(pool.status());
 
   std::vector<TextStream> streams;
@@ -176,7 +195,11 @@ int run_generate(int argc, char** argv) {
     return go_on;
   };
 
-  Generator generator(m, *pool);
+  GeneratorOptions options;
+  options.prefill_chunk = o.prefill_chunk;
+  options.compressor = compressor.get();
+  options.ratio = o.ratio;
+  Generator generator(m, *pool, options);
   GenerationStats stats;
   auto results = generator.generate(requests, on_token, &stats);
   if (!results.ok()) return report_error(results.status());
@@ -209,6 +232,14 @@ int run_generate(int argc, char** argv) {
     out["threads"] = ThreadPool::global().threads();
     out["kernels"] = m.forward_path() == ForwardPath::kCpuKernels ? m.kernels().isa : "torch";
     out["device"] = m.device().str();
+    if (compressor) {
+      out["compressor"] = compressor->name();
+      out["params"] = o.params;
+      out["ratio"] = o.ratio;
+      out["compress_seconds"] = stats.compress_seconds;
+      out["full_kv_slots"] = stats.full_kv_slots;
+      out["resident_kv_slots"] = stats.resident_kv_slots;
+    }
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     if (stream_out) {
@@ -224,6 +255,11 @@ int run_generate(int argc, char** argv) {
                  static_cast<long long>(prompt.size()), static_cast<long long>(o.batch), prefill_tok_s,
                  static_cast<long long>(stats.generated_tokens), decode_tok_s, ThreadPool::global().threads(),
                  m.forward_path() == ForwardPath::kCpuKernels ? m.kernels().isa : m.device().str().c_str());
+    if (compressor) {
+      std::fprintf(stderr, "[%s at c = %.3f (lossy, compressed cache only): %lld of %lld KV slots resident at the end]\n",
+                   compressor->name().c_str(), o.ratio, static_cast<long long>(stats.resident_kv_slots),
+                   static_cast<long long>(stats.full_kv_slots));
+    }
   }
   return kExitOk;
 }

@@ -19,6 +19,7 @@ constexpr Command kCommands[] = {
     {"bench", vericache::cli::run_bench, "prefill and decode tokens/s over context lengths and batch sizes"},
     {"plugins", vericache::cli::run_plugins, "list the compressor plugins found, with their descriptors"},
     {"compress", vericache::cli::run_compress, "run one compressor on a prompt's KV cache and report what it kept"},
+    {"train-kvzap", vericache::cli::run_train_kvzap, "fit the KVzap surrogate on a calibration corpus (KVzip+ teacher)"},
 };
 
 void print_help() {

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <map>
 
 #include "test_support.h"
 
@@ -84,15 +85,19 @@ TEST(Cli, PluginsListsDescriptorsAndRefusals) {
   const CliRun r = run_vericache(std::string("plugins --json --plugin-dir ") + VC_FIXTURE_PLUGIN_DIR);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto out = nlohmann::json::parse(r.out);
-  bool found = false;
+  // The bundled compressors (build/plugins) and the example from the fixture folder, with their modes.
+  std::map<std::string, std::string> expected{{"streaming_llm", "offline"}, {"snapkv", "offline"},
+                                              {"expected_attention", "offline"}, {"kvzip", "offline"},
+                                              {"kvzap", "online"}};
   for (const auto& p : out["plugins"]) {
-    if (p["name"] != "streaming_llm") continue;
-    found = true;
+    const auto it = expected.find(p["name"]);
+    if (it == expected.end()) continue;
     EXPECT_EQ(p["family"], "token-dropping");
-    EXPECT_EQ(p["mode"], "offline");
-    EXPECT_EQ(p["abi_version"], 1);
+    EXPECT_EQ(p["mode"], it->second) << it->first;
+    EXPECT_EQ(p["abi_version"], 2);
+    expected.erase(it);
   }
-  EXPECT_TRUE(found) << r.out;
+  EXPECT_TRUE(expected.empty()) << expected.begin()->first << " not listed: " << r.out;
   EXPECT_EQ(out["rejected"].size(), 3u);
 }
 
@@ -114,12 +119,58 @@ TEST(Cli, CompressRunsAPluginByPath) {
   EXPECT_EQ(missing.err.rfind("vericache: error: plugins: no compressor named 'no_such_compressor'", 0), 0u) << missing.err;
 }
 
+TEST(Cli, CompressorErrorsSayWhatToDo) {
+  const CliRun no_weights = run_vericache("compress --compressor kvzap -p hi");
+  EXPECT_EQ(no_weights.exit_code, 1);
+  EXPECT_EQ(no_weights.err,
+            "vericache: error: kvzap: no surrogate weights: make them with 'vericache train-kvzap --out kvzap.json', then "
+            "pass --params '{\"weights\": \"kvzap.json\"}' (or set VERICACHE_KVZAP_WEIGHTS)\n");
+  const std::string other = testing::temp_dir() + "/other_model.json";
+  std::ofstream(other) << R"({"format": "vericache-kvzap", "version": 1, "kind": "linear", "layers": [],
+                             "model": {"name": "Other", "fingerprint": "0123456789abcdef"}})";
+  const CliRun wrong_model = run_vericache("compress --compressor kvzap --params '{\"weights\": \"" + other + "\"}' -p hi");
+  EXPECT_EQ(wrong_model.exit_code, 1);
+  EXPECT_EQ(wrong_model.err.rfind("vericache: error: kvzap: surrogate weights '" + other +
+                                      "' were trained for model 'Other' (fingerprint 0123456789abcdef), not this one",
+                                  0),
+            0u)
+      << wrong_model.err;
+  const CliRun even_kernel = run_vericache("compress --compressor snapkv --params '{\"kernel_size\": 4}' -p hi");
+  EXPECT_EQ(even_kernel.err,
+            "vericache: error: plugins: snapkv: bad parameters: 'kernel_size' must be odd (the pooling keeps the length), got 4\n");
+  const CliRun unknown = run_vericache("compress --compressor kvzip --params '{\"chunk\": 4}' -p hi");
+  EXPECT_EQ(unknown.err.rfind("vericache: error: plugins: kvzip: bad parameters: unknown parameter 'chunk' (known: ", 0), 0u)
+      << unknown.err;
+  const CliRun short_prompt = run_vericache("compress --compressor snapkv -p hi");
+  EXPECT_EQ(short_prompt.exit_code, 1);
+  EXPECT_EQ(short_prompt.err.rfind("vericache: error: snapkv: the prompt (", 0), 0u) << short_prompt.err;
+  const CliRun ratio_alone = run_vericache("generate -c 0.5 -p hi");
+  EXPECT_EQ(ratio_alone.exit_code, 2);
+  EXPECT_EQ(ratio_alone.err.rfind("vericache generate: --ratio needs --compressor", 0), 0u) << ratio_alone.err;
+}
+
+TEST(Cli, GenerateOnACompressedCacheReportsResidentSlots) {
+  const std::string text = testing::read_file(testing::source_path("datasets/tokenizer_corpus/corpus.txt")).substr(0, 3000);
+  const std::string prompt = testing::temp_dir() + "/prompt.txt";
+  std::ofstream(prompt) << text;
+  const CliRun r = run_vericache("generate --compressor snapkv -c 0.25 -n 8 --ignore-eos --json -f " + prompt);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out["compressor"], "snapkv");
+  EXPECT_EQ(out["tokens"].size(), 8u);
+  const int64_t n = out["prompt_tokens"], layers = 30;
+  // The full cache would hold prompt + 7 decoded tokens per layer; the compressed one floor(n/4) + 7.
+  EXPECT_EQ(out["full_kv_slots"].get<int64_t>(), (n + 7) * layers);
+  EXPECT_EQ(out["resident_kv_slots"].get<int64_t>(), (n / 4 + 7) * layers);
+}
+
 TEST(Cli, HelpExplainsEveryOption) {
   const CliRun r = run_vericache("generate --help");
   EXPECT_EQ(r.exit_code, 0);
   for (const char* option : {"--model", "--prompt", "--prompt-file", "--system", "--no-chat-template", "--max-tokens",
                              "--temperature", "--top-k", "--top-p", "--seed", "--batch", "--stop", "--ignore-eos",
-                             "--threads", "--page-size", "--prefill-chunk", "--json"}) {
+                             "--threads", "--page-size", "--prefill-chunk", "--compressor", "--params", "--ratio",
+                             "--plugin-dir", "--json"}) {
     EXPECT_NE(r.out.find(option), std::string::npos) << option;
   }
   const CliRun top = run_vericache("--help");

@@ -1,5 +1,7 @@
-// PagePool and SequenceKv: allocation, all-or-nothing reservation, rollback.
+// PagePool and SequenceKv: allocation, all-or-nothing reservation, rollback, compaction and drops.
 #include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
 
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
@@ -61,6 +63,100 @@ TEST(SequenceKv, ReserveAdvanceTruncate) {
   kv.release(*pool);
   EXPECT_EQ(pool->num_free(), 20);
   EXPECT_EQ(kv.length(0), 0);
+}
+
+
+// Writes a recognisable value into every slot of every layer: K[e] = 1000 * layer + slot + e / 100,
+// V[e] = -(1000 * layer + slot) - e / 100, the same for both KV heads except a +0.5 on head 1.
+void fill_slots(PagePool& pool, const SequenceKv& kv) {
+  const int64_t ps = pool.spec().page_size, hd = pool.spec().head_dim;
+  auto k = pool.k_pages().accessor<float, 4>();
+  auto v = pool.v_pages().accessor<float, 4>();
+  for (int64_t l = 0; l < kv.n_layers(); ++l) {
+    for (int64_t s = 0; s < kv.length(l); ++s) {
+      const int64_t page = kv.block_table(l)[s / ps], off = s % ps;
+      for (int64_t h = 0; h < 2; ++h) {
+        for (int64_t e = 0; e < hd; ++e) {
+          k[page][h][e][off] = 1000.0f * l + s + e / 100.0f + 0.5f * h;
+          v[page][h][off][e] = -(1000.0f * l + s) - e / 100.0f - 0.5f * h;
+        }
+      }
+    }
+  }
+}
+
+float key_at(PagePool& pool, const SequenceKv& kv, int64_t layer, int64_t head, int64_t slot, int64_t e) {
+  const int64_t ps = pool.spec().page_size;
+  return pool.k_pages()[kv.block_table(layer)[slot / ps]][head][e][slot % ps].item<float>();
+}
+float value_at(PagePool& pool, const SequenceKv& kv, int64_t layer, int64_t head, int64_t slot, int64_t e) {
+  const int64_t ps = pool.spec().page_size;
+  return pool.v_pages()[kv.block_table(layer)[slot / ps]][head][slot % ps][e].item<float>();
+}
+
+TEST(SequenceKv, CompactMovesKeptSlotsAndFreesPages) {
+  auto pool = PagePool::create(spec(), 40, at::kFloat, at::kCPU);
+  ASSERT_TRUE(pool.ok());
+  SequenceKv kv(3);
+  ASSERT_TRUE(kv.reserve(*pool, 50).ok());  // 4 pages per layer
+  kv.advance(50);
+  fill_slots(*pool, kv);
+  // Layer 0 keeps 3 per head, layer 1 keeps 20 (crossing a page), layer 2 keeps all 50.
+  std::vector<at::Tensor> kept{at::tensor({0, 17, 49, 1, 2, 33}, at::kLong).view({2, 3}),
+                               at::cat({at::arange(0, 40, 2, at::kLong), at::arange(30, 50, at::kLong)}).view({2, 20}),
+                               at::arange(50, at::kLong).repeat({2, 1})};
+  kv.compact(*pool, kept);
+  EXPECT_TRUE(kv.compressed());
+  EXPECT_EQ(kv.length(0), 3);
+  EXPECT_EQ(kv.length(1), 20);
+  EXPECT_EQ(kv.length(2), 50);
+  EXPECT_EQ(kv.pages_held(), 1 + 2 + 4);
+  EXPECT_EQ(pool->num_free(), 40 - 7);
+  for (int64_t l = 0; l < 3; ++l) {
+    for (int64_t h = 0; h < 2; ++h) {
+      const std::vector<int64_t>& positions = kv.slot_positions(l, h);
+      ASSERT_EQ(static_cast<int64_t>(positions.size()), kv.length(l));
+      for (int64_t s = 0; s < kv.length(l); ++s) {
+        const int64_t p = kept[l][h][s].item<int64_t>();
+        EXPECT_EQ(positions[s], p);
+        EXPECT_FLOAT_EQ(key_at(*pool, kv, l, h, s, 3), 1000.0f * l + p + 0.03f + 0.5f * h) << l << " " << h << " " << s;
+        EXPECT_FLOAT_EQ(value_at(*pool, kv, l, h, s, 5), -(1000.0f * l + p) - 0.05f - 0.5f * h);
+      }
+    }
+  }
+  // New tokens append after the kept slots with the positions they ran at.
+  ASSERT_TRUE(kv.reserve(*pool, 2).ok());
+  const std::vector<int32_t> next{50, 51};
+  kv.advance(next);
+  EXPECT_EQ(kv.length(0), 5);
+  EXPECT_EQ(kv.slot_positions(0, 1), (std::vector<int64_t>{1, 2, 33, 50, 51}));
+  EXPECT_EQ(kv.view(*pool).positions[0][1][4].item<int64_t>(), 51);
+  kv.release(*pool);
+  EXPECT_EQ(pool->num_free(), 40);
+}
+
+TEST(SequenceKv, DropRemovesPositionsPerHead) {
+  auto pool = PagePool::create(spec(), 40, at::kFloat, at::kCPU);
+  ASSERT_TRUE(pool.ok());
+  SequenceKv kv(3);
+  ASSERT_TRUE(kv.reserve(*pool, 20).ok());
+  kv.advance(20);
+  fill_slots(*pool, kv);
+  // Head 0 drops 0..3 (given out of order), head 1 drops 16..19: 16 slots each, one page.
+  ASSERT_TRUE(kv.drop(*pool, 1, at::tensor({3, 1, 0, 2, 19, 16, 17, 18}, at::kLong).view({2, 4})).ok());
+  EXPECT_EQ(kv.length(1), 16);
+  EXPECT_EQ(kv.length(0), 20);
+  EXPECT_EQ(kv.pages_held(), 2 + 1 + 2);
+  EXPECT_EQ(kv.slot_positions(1, 0).front(), 4);
+  EXPECT_EQ(kv.slot_positions(1, 1).back(), 15);
+  EXPECT_FLOAT_EQ(key_at(*pool, kv, 1, 0, 0, 0), 1004.0f);
+  EXPECT_FLOAT_EQ(key_at(*pool, kv, 1, 1, 15, 0), 1015.5f);
+  EXPECT_EQ(kv.drop(*pool, 1, at::tensor({5, 17}, at::kLong).view({2, 1})).message(),
+            "layer 1, KV head 1: cannot drop position 17, which is not kept (or is dropped twice)");
+  EXPECT_EQ(kv.length(1), 16);  // a refused drop changes nothing
+  EXPECT_EQ(kv.drop(*pool, 1, at::tensor({5, 6}, at::kLong)).message(),
+            "layer 1: dropped positions must be an int64 tensor [2, n]");
+  kv.release(*pool);
 }
 
 }  // namespace

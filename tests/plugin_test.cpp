@@ -42,7 +42,7 @@ TEST(PluginErrors, MissingDescriptor) {
 }
 
 TEST(PluginErrors, AbiMismatchNamesBothVersions) {
-  EXPECT_EQ(load_error(fixture("bad_abi")), "plugins: " + fixture("bad_abi") + ": incompatible ABI (plugin: 99, core: 1)");
+  EXPECT_EQ(load_error(fixture("bad_abi")), "plugins: " + fixture("bad_abi") + ": incompatible ABI (plugin: 99, core: 2)");
 }
 
 TEST(PluginErrors, TorchMismatchNamesBothVersions) {
@@ -91,7 +91,7 @@ TEST(PluginSearch, FindsValidPluginsAndReportsTheRest) {
   EXPECT_EQ(info->path, fixture("streaming_llm"));
   EXPECT_EQ(info->family, CompressorFamily::kTokenDropping);
   EXPECT_EQ(info->mode, CompressionMode::kOffline);
-  EXPECT_EQ(info->abi_version, 1u);
+  EXPECT_EQ(info->abi_version, 2u);
   EXPECT_EQ(info->torch_version, TORCH_VERSION);
   EXPECT_EQ(resolve_plugin("snapkv", {VC_FIXTURE_PLUGIN_DIR}).status().message(),
             "plugins: no compressor named 'snapkv' (found: streaming_llm, throwing_compress, throwing_factory; see "

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <numeric>
 
+#include "engine/compression.h"
+
 namespace vericache {
 namespace {
 
@@ -16,6 +18,7 @@ struct RequestState {
   SequenceKv kv;
   Rng rng;
   int64_t prefilled = 0;
+  int64_t next_position = 0;  // the uncompressed length
   std::vector<int32_t> positions;  // scratch for one forward
   std::vector<int32_t> step_token;
   bool done = false;
@@ -33,12 +36,13 @@ const char* finish_reason_name(FinishReason reason) {
   return "unknown";
 }
 
-int64_t Generator::pages_needed(const LlamaModel& model, int64_t page_size, std::span<const GenerationRequest> requests) {
+int64_t Generator::pages_needed(const LlamaModel& model, int64_t page_size, std::span<const GenerationRequest> requests,
+                                int64_t extra_slots) {
   const KvPageSpec spec = model.kv_page_spec(page_size);
   int64_t pages = 0;
   for (const GenerationRequest& r : requests) {
     const int64_t slots = std::min<int64_t>(static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens,
-                                            model.config().context_length);
+                                            model.config().context_length) + extra_slots;
     pages += spec.n_layers * spec.pages_for(slots);
   }
   return pages;
@@ -66,8 +70,27 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
   state.reserve(requests.size());
   for (const GenerationRequest& r : requests) state.emplace_back(config.n_layers, r.sampling.seed);
   std::vector<GenerationResult> results(requests.size());
+  std::vector<SequenceKv*> caches;
+  for (RequestState& s : state) caches.push_back(&s.kv);
+  Compressor* const compressor = options_.compressor;
   auto release_all = [&] {
-    for (RequestState& s : state) s.kv.release(pool_);
+    for (size_t i = 0; i < state.size(); ++i) {
+      st.full_kv_slots += state[i].next_position * config.n_layers;
+      for (int64_t l = 0; l < config.n_layers; ++l) st.resident_kv_slots += state[i].kv.length(l);
+      state[i].kv.release(pool_);
+      if (compressor != nullptr) compressor->release(static_cast<int64_t>(i));
+    }
+  };
+  // One forward of `batch` (request ids = indices into `requests`); with a compressor, every layer
+  // goes through update() and the drops it returns are applied.
+  std::vector<double> ratios;
+  at::Tensor logits;
+  auto run_forward = [&](const std::vector<ForwardItem>& batch, bool observe) -> Status {
+    if (compressor == nullptr || !observe) return model_.forward(batch, pool_, &logits);
+    ratios.assign(batch.size(), options_.ratio);
+    std::vector<LayerDrops> drops;
+    VC_RETURN_IF_ERROR(model_.forward(batch, pool_, &logits, compression_observer(*compressor, ratios, &drops)));
+    return apply_drops(compressor->name(), pool_, caches, drops);
   };
 
   // Appends `token` to request i and decides whether it continues.
@@ -88,7 +111,7 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
     } else if (static_cast<int64_t>(results[i].tokens.size()) >= r.max_new_tokens) {
       results[i].finish = FinishReason::kLength;
       s.done = true;
-    } else if (s.kv.length(0) >= config.context_length) {
+    } else if (s.next_position >= config.context_length) {
       results[i].finish = FinishReason::kContext;
       s.done = true;
     } else {
@@ -96,7 +119,6 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
     }
   };
 
-  at::Tensor logits;
   const auto prefill_start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < requests.size(); ++i) {
     if (requests[i].max_new_tokens <= 0) state[i].done = true;
@@ -113,19 +135,26 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
       std::iota(s.positions.begin(), s.positions.end(), static_cast<int32_t>(s.prefilled));
       const bool last = s.prefilled + take == n;
       batch.push_back({std::span<const int32_t>(requests[i].prompt).subspan(s.prefilled, take), s.positions, &s.kv,
-                       last ? LogitRows::kLast : LogitRows::kNone});
+                       last ? LogitRows::kLast : LogitRows::kNone, static_cast<int64_t>(i)});
       if (last) finishing.push_back(i);
       s.prefilled += take;
+      s.next_position = s.prefilled;
     }
     if (batch.empty()) break;
-    Status status = model_.forward(batch, pool_, &logits);
+    Status status = run_forward(batch, /*observe=*/true);
+    for (size_t j = 0; status.ok() && j < finishing.size(); ++j) {
+      const size_t i = finishing[j];
+      accept(i, select_token(logits[j].data_ptr<float>(), vocab, requests[i].sampling, state[i].rng));
+      if (compressor != nullptr && compressor->mode() == CompressionMode::kOffline) {
+        const auto start = std::chrono::steady_clock::now();
+        status = compress_offline(model_, pool_, *compressor, options_.ratio, requests[i].prompt,
+                                  static_cast<int64_t>(i), state[i].kv);
+        st.compress_seconds += seconds_since(start);
+      }
+    }
     if (!status.ok()) {
       release_all();
       return status;
-    }
-    for (size_t j = 0; j < finishing.size(); ++j) {
-      const size_t i = finishing[j];
-      accept(i, select_token(logits[j].data_ptr<float>(), vocab, requests[i].sampling, state[i].rng));
     }
   }
   st.prefill_seconds = seconds_since(prefill_start);
@@ -137,12 +166,13 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
     for (size_t i = 0; i < requests.size(); ++i) {
       RequestState& s = state[i];
       if (s.done) continue;
-      s.positions = {static_cast<int32_t>(s.kv.length(0))};
-      batch.push_back({s.step_token, s.positions, &s.kv, LogitRows::kLast});
+      s.positions = {static_cast<int32_t>(s.next_position++)};
+      batch.push_back({s.step_token, s.positions, &s.kv, LogitRows::kLast, static_cast<int64_t>(i)});
       active.push_back(i);
     }
     if (batch.empty()) break;
-    Status status = model_.forward(batch, pool_, &logits);
+    const bool online = compressor != nullptr && compressor->mode() == CompressionMode::kOnline;
+    Status status = run_forward(batch, online);
     if (!status.ok()) {
       release_all();
       return status;

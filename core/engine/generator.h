@@ -6,7 +6,13 @@
 // batched forward. Each request stops at an end-of-generation token (unless ignore_eos), after
 // max_new_tokens, at the model's context length, or when the token callback says so.
 //
-// Ownership: borrows the model and the page pool; every page it takes is returned before
+// With a compressor (GeneratorOptions::compressor) each request decodes on its compressed cache
+// alone — lossy by itself; this is the draft side VeriCache's verifier will check. Offline
+// compressors see every prefill layer through update(), then compress() after the request's
+// prefill (its cache is compacted into fewer pages); online ones see every forward and their
+// drops are applied after it. New tokens continue from the uncompressed length (RoPE positions).
+//
+// Ownership: borrows the model, the page pool and the compressor; every page it takes is returned before
 // generate() returns, also on failure. Thread-safety: one generate() at a time per pool.
 #pragma once
 
@@ -17,6 +23,8 @@
 #include <vector>
 
 #include <vericache/status.h>
+
+#include <vericache/compressor.h>
 
 #include "engine/sampler.h"
 #include "model/llama_model.h"
@@ -45,6 +53,9 @@ struct GenerationStats {
   int64_t decode_steps = 0;
   double prefill_seconds = 0;
   double decode_seconds = 0;
+  double compress_seconds = 0;   // offline compress() + compaction, inside prefill_seconds
+  int64_t full_kv_slots = 0;     // sum over requests and layers of the uncompressed cache length
+  int64_t resident_kv_slots = 0; // the same for what each cache holds at the end
 };
 
 // Called after each generated token with the request index; returning false stops that request
@@ -53,6 +64,8 @@ using TokenCallback = std::function<bool(size_t request, int32_t token)>;
 
 struct GeneratorOptions {
   int64_t prefill_chunk = 512;
+  Compressor* compressor = nullptr;  // borrowed, already attach()ed to the model; nullptr: full cache
+  double ratio = 1.0;                // the kept fraction c the compressor runs at
 };
 
 class Generator {
@@ -65,8 +78,10 @@ class Generator {
   Result<std::vector<GenerationResult>> generate(std::span<const GenerationRequest> requests,
                                                  const TokenCallback& on_token = {}, GenerationStats* stats = nullptr);
 
-  // Pages a pool needs to run `requests` to completion.
-  static int64_t pages_needed(const LlamaModel& model, int64_t page_size, std::span<const GenerationRequest> requests);
+  // Pages a pool needs to run `requests` to completion, with room for `extra_slots` more per
+  // request (forwards an offline compressor runs without keeping their KV).
+  static int64_t pages_needed(const LlamaModel& model, int64_t page_size, std::span<const GenerationRequest> requests,
+                              int64_t extra_slots = 0);
 
  private:
   const LlamaModel& model_;

@@ -26,6 +26,9 @@ class LlamaModelAccess : public ModelAccess {
   Status run_without_keeping(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                              const std::function<Status(const LayerActivations&)>& observe) override;
   std::span<const int32_t> prompt() const override { return prompt_; }
+  std::vector<int32_t> tokenize(const std::string& text) const override;
+  std::string assistant_header() const override;
+  int64_t request_id() const override { return request_id_; }
 
  private:
   const LlamaModel& model_;

@@ -8,13 +8,22 @@
 // the model writes the new K/V at slots length(l) .. length(l)+n-1, then advance(n) commits them.
 // truncate() is the explicit rollback: it keeps a prefix and frees whole pages past it.
 //
+// Compression: compact() keeps, per (layer, KV head), only the slots of the kept positions, moved
+// to the front in position order, and frees the pages past the new length (resident bytes really
+// shrink); drop() removes positions one layer at a time (online compressors). From then on the
+// sequence is "compressed": each slot records its original position per KV head, new tokens are
+// appended with the positions the forward ran them at (the uncompressed length onwards).
+//
 // Ownership: a SequenceKv holds page ids, not storage; the caller must release() it into the same
 // pool before the pool is destroyed (checked in debug use by the pool's in-use bits).
 // Thread-safety: not thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
+
+#include <ATen/core/Tensor.h>
 
 #include <vericache/kv_view.h>
 #include <vericache/status.h>
@@ -37,13 +46,29 @@ class SequenceKv {
   int64_t pages_needed(const KvPageSpec& spec, int64_t n) const;
   // Room for n more slots in every layer; all or nothing (OutOfPages leaves the sequence as it was).
   Status reserve(PagePool& pool, int64_t n);
-  // Commits n reserved slots in every layer.
+  // Commits n reserved slots in every layer. A compressed sequence needs the tokens' positions.
   void advance(int64_t n);
+  void advance(std::span<const int32_t> positions);
   // Keeps the first `length` slots of every layer (no-op for a layer already shorter) and
   // returns the pages past them to the pool.
   void truncate(PagePool& pool, int64_t length);
   // Returns every page to the pool; the sequence becomes empty.
   void release(PagePool& pool);
+
+  // Whether slots carry their own positions (after compact() or drop()).
+  bool compressed() const { return !slot_positions_.empty(); }
+  // Original position of every slot of `layer` for KV head `head` (length(layer) entries).
+  // Only for a compressed sequence.
+  const std::vector<int64_t>& slot_positions(int64_t layer, int64_t head) const {
+    return slot_positions_[layer][head];
+  }
+  // Keeps, in every layer l and KV head h, exactly the positions kept[l][h, :] (int64
+  // [n_kv_heads, n_kept(l)], each row strictly increasing, every position currently held; check
+  // with check_compressed_kv first — a violation here is a bug). Frees the pages past the new length.
+  void compact(PagePool& pool, const std::vector<at::Tensor>& kept);
+  // Removes `positions` (int64 [n_kv_heads, n], the same count for every head) from `layer` and
+  // frees emptied pages. InvalidArgument names a position the head does not hold (or holds twice).
+  Status drop(PagePool& pool, int64_t layer, const at::Tensor& positions);
 
   // The pass-through view a plugin reads (see vericache/kv_view.h); borrows this and the pool.
   KvCacheView view(PagePool& pool) const;
@@ -51,6 +76,13 @@ class SequenceKv {
  private:
   std::vector<std::vector<int32_t>> tables_;
   std::vector<int64_t> lengths_;
+  // Compressed only: [n_layers][n_kv_heads][slot] original position; empty for a full cache.
+  std::vector<std::vector<std::vector<int64_t>>> slot_positions_;
+
+  void make_compressed(int64_t n_kv_heads);
+  // Moves slot from_slots[h][j] to slot j for every head h of `layer`, sets the layer's length to
+  // the per-head count and frees the pages past it.
+  void keep_slots(PagePool& pool, int64_t layer, const std::vector<std::vector<int64_t>>& from_slots);
 };
 
 }  // namespace vericache

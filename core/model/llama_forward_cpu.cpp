@@ -149,7 +149,10 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     });
 
     if (observer) {
+      std::vector<int64_t> cache_lengths(batch.size());
+      for (size_t i = 0; i < batch.size(); ++i) cache_lengths[i] = batch[i].kv->length(l);
       acts.layer = l;
+      acts.cache_lengths = cache_lengths;
       VC_RETURN_IF_ERROR(observer(acts));
     }
 

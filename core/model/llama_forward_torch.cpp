@@ -164,8 +164,11 @@ Status LlamaModel::forward_torch(std::span<const ForwardItem> batch, const std::
       attention = attention_by_gather(q, pool, ix, batch, begin, l, scale);
     }
     if (observer) {
-      std::vector<int64_t> request_ids(batch.size());
-      for (size_t i = 0; i < batch.size(); ++i) request_ids[i] = batch[i].request_id;
+      std::vector<int64_t> request_ids(batch.size()), cache_lengths(batch.size());
+      for (size_t i = 0; i < batch.size(); ++i) {
+        request_ids[i] = batch[i].request_id;
+        cache_lengths[i] = batch[i].kv->length(l);
+      }
       LayerActivations acts;
       acts.layer = l;
       acts.hidden = rms_norm(x, L.attn_norm, c.rms_norm_eps);
@@ -175,6 +178,7 @@ Status LlamaModel::forward_torch(std::span<const ForwardItem> batch, const std::
       acts.positions = pos;
       acts.row_offsets = begin;
       acts.request_ids = request_ids;
+      acts.cache_lengths = cache_lengths;
       const Status s = observer(acts);
       if (!s.ok()) return s;
     }

@@ -313,13 +313,34 @@ Status LlamaModel::forward(std::span<const ForwardItem> batch, PagePool& pool, a
     }
   }
   if (!status.ok()) return status;
-  for (size_t i = 0; i < batch.size(); ++i) batch[i].kv->advance(begin[i + 1] - begin[i]);
+  for (const ForwardItem& item : batch) item.kv->advance(item.positions);
   return Status();
 }
 
 ModelShape LlamaModel::shape() const {
-  return ModelShape{config_.n_layers,   config_.d_model,    config_.n_heads,        config_.n_kv_heads,
-                    config_.head_dim,   config_.vocab_size, config_.context_length, config_.rope_freq_base};
+  ModelShape shape;
+  shape.n_layers = config_.n_layers;
+  shape.d_model = config_.d_model;
+  shape.n_heads = config_.n_heads;
+  shape.n_kv_heads = config_.n_kv_heads;
+  shape.head_dim = config_.head_dim;
+  shape.vocab_size = config_.vocab_size;
+  shape.context_length = config_.context_length;
+  shape.rope_freq_base = config_.rope_freq_base;
+  shape.name = config_.name;
+  // FNV-1a over the normalisation weights: cheap, and different for any retrained or fine-tuned model.
+  uint64_t hash = 1469598103934665603ull;
+  for (int64_t l = 0; l <= config_.n_layers; ++l) {
+    auto w = weight(l < config_.n_layers ? "blk." + std::to_string(l) + ".attn_norm.weight" : "output_norm.weight");
+    VC_CHECK(w.ok(), "shape: normalisation weights are validated at load");
+    const at::Tensor t = w->contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+    for (int64_t i = 0; i < t.numel() * 4; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  shape.fingerprint = hex;
+  return shape;
 }
 
 void LlamaModel::rope(std::span<const int64_t> positions, at::Tensor* cos, at::Tensor* sin) const {

@@ -54,15 +54,21 @@ struct LayerActivations {
   at::Tensor positions;  // [rows] int64 RoPE positions
   std::span<const int64_t> row_offsets;  // [requests + 1]
   std::span<const int64_t> request_ids;  // [requests] the runtime's id of each request
+  std::span<const double> ratios;        // [requests] the kept fraction c each request runs at
+  // [requests] the request's cache length in this layer before this forward: rows of request i sit
+  // at slots cache_lengths[i] .. after it (its positions continue from its uncompressed length).
+  std::span<const int64_t> cache_lengths;
 };
 
 // Online drops for one request in one layer: positions each KV head stops keeping (the same count
 // for every head). Positions must be currently kept.
 struct LayerDrops {
   int64_t request_id = 0;
+  int64_t layer = 0;
   at::Tensor positions;  // int64 [n_kv_heads, n_dropped]
 };
 
+// What a compressor may know about the model (ModelAccess::shape(), Compressor::attach()).
 struct ModelShape {
   int64_t n_layers = 0;
   int64_t d_model = 0;
@@ -72,6 +78,8 @@ struct ModelShape {
   int64_t vocab_size = 0;
   int64_t context_length = 0;
   double rope_freq_base = 0;
+  std::string name;         // the model's own name (GGUF general.name); may be empty
+  std::string fingerprint;  // 16 hex digits identifying these exact weights (for files made for one model)
 };
 
 // The model, as an offline compressor may use it. Implemented by the runtime.
@@ -90,6 +98,13 @@ class ModelAccess {
                                      const std::function<Status(const LayerActivations&)>& observe) = 0;
   // The request's prompt tokens (the full cache holds their K/V).
   virtual std::span<const int32_t> prompt() const = 0;
+  // Tokens of `text`; special tokens written as text ("<|im_end|>") are recognised.
+  virtual std::vector<int32_t> tokenize(const std::string& text) const = 0;
+  // The chat template's text from the end of a user message to the start of the assistant's reply
+  // (ChatML: "<|im_end|>\n<|im_start|>assistant\n"); "\n" when the model has no usable template.
+  virtual std::string assistant_header() const = 0;
+  // The runtime's id of this request (as in LayerActivations::request_ids).
+  virtual int64_t request_id() const = 0;
 };
 
 // The interface the runtime calls. Plugins derive from CompressorBase, not from this.
@@ -101,8 +116,12 @@ class Compressor {
   virtual CompressionMode mode() const = 0;
   virtual uint32_t scenarios() const = 0;  // Scenario bits
 
-  // After each layer's forward (prefill and decode) of a batch holding this compressor's requests.
-  // Offline compressors may record what compress() will need; online ones append drops.
+  // Called once, before any other call, with the model the compressor will serve: the place to
+  // check that parameters or files fit it (NotFound / InvalidArgument / Corruption with the reason).
+  virtual Status attach(const ModelShape& model) noexcept = 0;
+  // After each layer's forward of a batch holding this compressor's requests: every prefill
+  // forward, and for online compressors every decode forward too. Offline compressors record what
+  // compress() will need; online ones append drops, which the runtime applies after the forward.
   virtual Status update(const LayerActivations& activations, std::vector<LayerDrops>* drops) noexcept = 0;
   // Offline: the kept set for one request's full cache at kept fraction `ratio` in (0, 1].
   virtual Status compress(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) noexcept = 0;
@@ -125,6 +144,9 @@ class CompressorBase : public Compressor {
   CompressionMode mode() const final { return mode_; }
   uint32_t scenarios() const final { return scenarios_; }
 
+  Status attach(const ModelShape& model) noexcept final {
+    return guard([&] { return attach_impl(model); });
+  }
   Status update(const LayerActivations& activations, std::vector<LayerDrops>* drops) noexcept final {
     return guard([&] { return update_impl(activations, drops); });
   }
@@ -142,7 +164,8 @@ class CompressorBase : public Compressor {
   }
 
  protected:
-  // Defaults: observe nothing, compress nothing (NotSupported), decompress nothing.
+  // Defaults: accept any model, observe nothing, compress nothing (NotSupported), decompress nothing.
+  virtual Status attach_impl(const ModelShape&) { return Status(); }
   virtual Status update_impl(const LayerActivations&, std::vector<LayerDrops>*) { return Status(); }
   virtual Status compress_impl(const KvCacheView&, double, ModelAccess&, CompressedKV*) {
     return Status::not_supported(name_ + ": this compressor has no offline compress()");
@@ -151,10 +174,13 @@ class CompressorBase : public Compressor {
   virtual void release_impl(int64_t) {}
 
  private:
+  // Every failure names the compressor: "snapkv: the prompt ...".
   template <typename F>
   Status guard(F&& f) noexcept {
     try {
-      return f();
+      Status s = f();
+      if (s.ok() || s.message().rfind(name_ + ": ", 0) == 0) return s;
+      return s.with_context(name_);
     } catch (const std::exception& e) {
       const std::string what = e.what();  // libtorch errors append lines of context: keep the first
       return Status::plugin_error(name_ + ": " + what.substr(0, what.find('\n')));

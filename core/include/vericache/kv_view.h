@@ -8,12 +8,12 @@
 // full cache slot s holds the token at position s. In a compressed cache slot s of KV head h holds
 // the token at positions[l][h][s] (its original RoPE position).
 //
-// Ownership: a view borrows everything; it is valid only during the call it is passed to.
+// Ownership: a view borrows the page tensors (and copies the small tables); it is valid only
+// during the call it is passed to.
 // Thread-safety: the runtime does not touch the viewed pages during that call.
 #pragma once
 
 #include <cstdint>
-#include <span>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -31,7 +31,9 @@ struct KvCacheView {
   KvLayout layout;
   at::Tensor k_pages;  // [num_pages, n_kv_heads, head_dim, page_size]
   at::Tensor v_pages;  // [num_pages, n_kv_heads, page_size, head_dim]
-  std::vector<std::span<const int32_t>> block_tables;  // [n_layers] logical page -> physical page
+  // [n_layers] logical page -> physical page; a copy, so it stays valid while the plugin runs
+  // forwards through ModelAccess (those append pages to the live tables).
+  std::vector<std::vector<int32_t>> block_tables;
   std::vector<int64_t> lengths;                        // [n_layers] slots in use
   // Compressed caches only: [n_layers] int64 [n_kv_heads, lengths[l]], the original position of
   // each slot; empty for a full cache (slot == position).

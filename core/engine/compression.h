@@ -1,0 +1,35 @@
+// Running a compressor inside the engine: the layer observer that feeds update(), applying the
+// drops it returns, and the offline step (compress, check against the contract, compact pages).
+//
+// Ownership: everything is borrowed for the call. Thread-safety: the engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <vericache/compressor.h>
+
+#include "kv/page_pool.h"
+#include "kv/sequence_kv.h"
+#include "model/llama_model.h"
+
+namespace vericache {
+
+// An observer that hands every layer of a forward to `compressor.update()`, telling it each
+// request's kept fraction (`ratios`, indexed like the forward's batch), and collects its drops.
+LayerObserver compression_observer(Compressor& compressor, std::span<const double> ratios, std::vector<LayerDrops>* drops);
+
+// Applies `drops` to the caches; `caches[request_id]` is the cache of that request. A drop for an
+// unknown request or of a position not kept is InvalidArgument naming the compressor.
+Status apply_drops(const std::string& compressor, PagePool& pool, std::span<SequenceKv* const> caches,
+                   const std::vector<LayerDrops>& drops);
+
+// Offline compression of one request right after its prefill: compress() on the full cache at
+// kept fraction `ratio`, check_compressed_kv(), then compact the kept slots into pages and free
+// the rest. On failure the cache is left full and usable.
+Status compress_offline(const LlamaModel& model, PagePool& pool, Compressor& compressor, double ratio,
+                        std::span<const int32_t> prompt, int64_t request_id, SequenceKv& kv,
+                        CompressedKV* compressed = nullptr);
+
+}  // namespace vericache

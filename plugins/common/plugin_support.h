@@ -1,0 +1,139 @@
+// Helpers the bundled plugins share: JSON parameters with precise errors, the kept-count rule,
+// dense per-layer K/V from the paged view, and per-head top-k selection.
+// Header-only (compiled into each plugin). Not part of the installed contract.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+
+#include <vericache/compressor.h>
+#include <vericache/kv_view.h>
+
+namespace vericache::plugin {
+
+// Reads a JSON object of parameters. Each getter records the first problem; finish() also
+// rejects keys no getter asked for, listing the known ones.
+class ParamReader {
+ public:
+  explicit ParamReader(const std::string& json) {
+    params_ = nlohmann::json::parse(json.empty() ? "{}" : json, nullptr, false);
+    if (params_.is_discarded() || !params_.is_object()) fail("parameters must be a JSON object, got: " + json);
+  }
+
+  int64_t integer(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) {
+    const nlohmann::json* v = find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_number_integer() || v->get<int64_t>() < lo || v->get<int64_t>() > hi) {
+      fail("'" + key + "' must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v->dump());
+      return fallback;
+    }
+    return v->get<int64_t>();
+  }
+  double number(const std::string& key, double fallback, double lo, double hi) {
+    const nlohmann::json* v = find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_number() || !(v->get<double>() >= lo && v->get<double>() <= hi)) {
+      fail("'" + key + "' must be a number in [" + format(lo) + ", " + format(hi) + "], got " + v->dump());
+      return fallback;
+    }
+    return v->get<double>();
+  }
+  bool boolean(const std::string& key, bool fallback) {
+    const nlohmann::json* v = find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) {
+      fail("'" + key + "' must be true or false, got " + v->dump());
+      return fallback;
+    }
+    return v->get<bool>();
+  }
+  std::string text(const std::string& key, const std::string& fallback, const std::set<std::string>& allowed = {}) {
+    const nlohmann::json* v = find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_string() || (!allowed.empty() && !allowed.count(v->get<std::string>()))) {
+      std::string choices;
+      for (const std::string& a : allowed) choices += (choices.empty() ? "" : ", ") + a;
+      fail("'" + key + "' must be " + (allowed.empty() ? "a string" : "one of " + choices) + ", got " + v->dump());
+      return fallback;
+    }
+    return v->get<std::string>();
+  }
+
+  Status finish() {
+    if (error_.empty() && params_.is_object()) {
+      for (const auto& [key, value] : params_.items()) {
+        if (!known_.count(key)) {
+          std::string names;
+          for (const std::string& k : known_) names += (names.empty() ? "" : ", ") + k;
+          fail("unknown parameter '" + key + "' (known: " + names + ")");
+          break;
+        }
+      }
+    }
+    return error_.empty() ? Status() : Status::invalid_argument(error_);
+  }
+
+ private:
+  const nlohmann::json* find(const std::string& key) {
+    known_.insert(key);
+    if (!params_.is_object()) return nullptr;
+    const auto it = params_.find(key);
+    return it == params_.end() ? nullptr : &*it;
+  }
+  void fail(const std::string& message) {
+    if (error_.empty()) error_ = message;
+  }
+  static std::string format(double x) {
+    std::string s = std::to_string(x);
+    s.erase(s.find_last_not_of('0') + 1);
+    if (!s.empty() && s.back() == '.') s.pop_back();
+    return s;
+  }
+
+  nlohmann::json params_;
+  std::set<std::string> known_;
+  std::string error_;
+};
+
+// Tokens kept per KV head of a layer of n tokens at kept fraction c: floor(n * c), at least 1
+// (kvpress: max(1, int(n * (1 - compression_ratio)))). The epsilon absorbs 0.1 * 30 = 2.9999...
+inline int64_t kept_count(int64_t n, double ratio) {
+  return std::clamp<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(n) * ratio + 1e-9)), 1, n);
+}
+
+// Keys and values of one layer as dense float32 CPU tensors [n_kv_heads, length, head_dim], in
+// slot order (a full cache: position order).
+inline std::pair<at::Tensor, at::Tensor> layer_kv(const KvCacheView& view, int64_t layer) {
+  const int64_t n = view.lengths[layer], ps = view.layout.page_size, hd = view.layout.head_dim;
+  const int64_t nkv = view.layout.n_kv_heads;
+  const auto& table = view.block_tables[layer];
+  const at::Tensor pages =
+      at::tensor(std::vector<int64_t>(table.begin(), table.end()), at::kLong).to(view.k_pages.device());
+  const int64_t np = pages.size(0);
+  at::Tensor k = view.k_pages.index_select(0, pages).permute({1, 0, 3, 2}).reshape({nkv, np * ps, hd}).narrow(1, 0, n);
+  at::Tensor v = view.v_pages.index_select(0, pages).permute({1, 0, 2, 3}).reshape({nkv, np * ps, hd}).narrow(1, 0, n);
+  return {k.to(at::kCPU, at::kFloat).contiguous(), v.to(at::kCPU, at::kFloat).contiguous()};
+}
+
+// The k highest-scoring positions of every row of `scores` [n_kv_heads, n], sorted increasing
+// (the contract's order; top-k order is irrelevant to attention).
+inline at::Tensor top_k_sorted(const at::Tensor& scores, int64_t k) {
+  return std::get<0>(at::sort(std::get<1>(at::topk(scores, k, /*dim=*/1)), /*dim=*/1)).contiguous();
+}
+
+// Rows [begin, end) of `request_id` in a batch's activations; begin == end when it is not there.
+inline std::pair<int64_t, int64_t> rows_of(const LayerActivations& acts, int64_t request_id) {
+  for (size_t i = 0; i < acts.request_ids.size(); ++i) {
+    if (acts.request_ids[i] == request_id) return {acts.row_offsets[i], acts.row_offsets[i + 1]};
+  }
+  return {0, 0};
+}
+
+}  // namespace vericache::plugin

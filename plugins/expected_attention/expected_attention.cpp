@@ -1,0 +1,158 @@
+// Expected Attention (Devoto et al., "Expected Attention: KV Cache Compression by Estimating
+// Attention from Future Queries Distribution", 2025), as kvpress's ExpectedAttentionPress
+// computes it. Future queries are modelled as a Gaussian: the mean and covariance of the prompt's
+// pre-RoPE queries (sink tokens excluded), rotated by the RoPE rotation averaged over the next
+// `n_future_positions` positions after the true cache length. A key's score is the softmax over
+// non-sink keys of  mu'.k / sqrt(d) + k' Sigma' k / (2d)  (the log of E[exp(q.k / sqrt(d))]),
+// averaged over the query group and multiplied by ||v|| (plus epsilon first); sinks are kept.
+//
+// Pre-RoPE queries are linear in the attention input x (q_j = W_Q,j x), so update() only keeps
+// running sums of x and x x^T over the prompt (float64, [d_model] and [d_model, d_model] per layer
+// and request); compress() maps them through W_Q: mu_j = W_Q,j E[x], Sigma_j = W_Q,j Cov[x] W_Q,j^T.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include <vericache/plugin_abi.h>
+
+#include "../common/plugin_support.h"
+
+namespace vericache::plugin {
+namespace {
+
+struct Options {
+  int64_t n_future_positions = 512;
+  int64_t n_sink = 4;
+  bool use_covariance = true;
+  bool use_vnorm = true;
+  double epsilon = 0.0;
+};
+
+struct InputMoments {
+  int64_t count = 0;
+  at::Tensor sum;    // [d_model] float64
+  at::Tensor outer;  // [d_model, d_model] float64, sum of x x^T
+};
+
+class ExpectedAttention : public CompressorBase {
+ public:
+  explicit ExpectedAttention(Options o)
+      : CompressorBase("expected_attention", CompressorFamily::kTokenDropping, CompressionMode::kOffline, kAllScenarios),
+        o_(o) {}
+
+ protected:
+  Status update_impl(const LayerActivations& acts, std::vector<LayerDrops>*) override {
+    const at::Tensor positions = acts.positions.to(at::kCPU);
+    for (size_t i = 0; i < acts.request_ids.size(); ++i) {
+      const int64_t begin = acts.row_offsets[i], end = acts.row_offsets[i + 1];
+      if (end == begin) continue;
+      // Rows of sink positions are left out of the statistics.
+      const at::Tensor use = positions.narrow(0, begin, end - begin) >= o_.n_sink;
+      const at::Tensor x = acts.hidden.narrow(0, begin, end - begin).to(at::kCPU, at::kFloat).index({use});
+      if (x.size(0) == 0) continue;
+      std::vector<InputMoments>& layers = moments_[acts.request_ids[i]];
+      if (layers.size() <= static_cast<size_t>(acts.layer)) layers.resize(acts.layer + 1);
+      InputMoments& m = layers[acts.layer];
+      if (!m.sum.defined()) {
+        m.sum = at::zeros({x.size(1)}, at::kDouble);
+        m.outer = at::zeros({x.size(1), x.size(1)}, at::kDouble);
+      }
+      m.count += x.size(0);
+      m.sum += x.sum(0).to(at::kDouble);
+      m.outer += at::matmul(x.t(), x).to(at::kDouble);  // one chunk in float32, accumulated in float64
+    }
+    return Status();
+  }
+
+  Status compress_impl(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) override {
+    const ModelShape& shape = model.shape();
+    const int64_t n = full_kv.lengths[0], nkv = shape.n_kv_heads, hd = shape.head_dim, nh = shape.n_heads;
+    const int64_t group = nh / nkv;
+    if (n <= o_.n_sink) {
+      return Status::invalid_argument("the prompt (" + std::to_string(n) + " tokens) must be longer than n_sink (" +
+                                      std::to_string(o_.n_sink) + ")");
+    }
+    const auto found = moments_.find(model.request_id());
+    if (found == moments_.end() || static_cast<int64_t>(found->second.size()) != shape.n_layers) {
+      return Status::internal("no query statistics recorded: the runtime must report the prefill through update()");
+    }
+    const at::Tensor avg_rotation = average_future_rotation(model, n, hd);  // [hd, hd]
+    out->kept.clear();
+    for (int64_t l = 0; l < shape.n_layers; ++l) {
+      const InputMoments& m = found->second[l];
+      VC_ASSIGN_OR_RETURN(at::Tensor wq, model.weight("blk." + std::to_string(l) + ".attn_q.weight"));  // [nh*hd, d]
+      const at::Tensor wq64 = wq.to(at::kDouble);
+      const at::Tensor mean_x = m.sum / static_cast<double>(m.count);
+      const at::Tensor mu = at::matmul(wq64, mean_x).view({nh, hd});                        // pre-RoPE mean per head
+      const at::Tensor rmu = at::matmul(mu, avg_rotation.t()).to(at::kFloat);              // [nh, hd]
+
+      auto [keys, values] = layer_kv(full_kv, l);
+      keys = keys.narrow(1, o_.n_sink, n - o_.n_sink);                                     // [nkv, m, hd]
+      values = values.narrow(1, o_.n_sink, n - o_.n_sink);
+      const at::Tensor keys_g = keys.repeat_interleave(group, 0);                          // [nh, m, hd]
+      at::Tensor z = at::matmul(keys_g, rmu.unsqueeze(2)).squeeze(2) / std::sqrt(static_cast<double>(hd));
+      if (o_.use_covariance) {
+        const at::Tensor cov_x = m.outer / static_cast<double>(m.count) - at::outer(mean_x, mean_x);
+        const at::Tensor w3 = wq64.view({nh, hd, -1});
+        const at::Tensor cov = at::matmul(at::matmul(w3, cov_x), w3.transpose(1, 2));      // [nh, hd, hd]
+        const at::Tensor rcov = at::matmul(at::matmul(avg_rotation, cov), avg_rotation.t()).to(at::kFloat);
+        z += (at::matmul(keys_g, rcov) * keys_g).sum(-1) / static_cast<double>(hd) / 2.0;
+      }
+      at::Tensor scores = at::softmax(z, -1).view({nkv, group, -1}).mean(1);                // [nkv, m]
+      if (o_.use_vnorm) scores = (scores + o_.epsilon) * values.norm(2, -1);
+      const float top = scores.max().item<float>() + 1.0f;
+      scores = at::cat({at::full({nkv, o_.n_sink}, top, scores.options()), scores}, 1);
+      out->kept.push_back(top_k_sorted(scores, kept_count(n, ratio)));
+    }
+    return Status();
+  }
+
+  void release_impl(int64_t request_id) override { moments_.erase(request_id); }
+
+ private:
+  // R = mean over p in [n, n + F) of the RoPE rotation at p, float64 [hd, hd]. Our K/Q rows are in
+  // GGUF order: RoPE rotates adjacent pairs (2i, 2i+1) by angle p * theta_i.
+  at::Tensor average_future_rotation(ModelAccess& model, int64_t n, int64_t hd) const {
+    std::vector<int64_t> future(o_.n_future_positions);
+    for (int64_t p = 0; p < o_.n_future_positions; ++p) future[p] = n + p;
+    at::Tensor cos, sin;
+    model.rope(future, &cos, &sin);
+    const at::Tensor c = cos.to(at::kDouble).mean(0), s = sin.to(at::kDouble).mean(0);  // [hd / 2]
+    at::Tensor r = at::zeros({hd, hd}, at::kDouble);
+    for (int64_t i = 0; i < hd / 2; ++i) {
+      const double ci = c[i].item<double>(), si = s[i].item<double>();
+      r[2 * i][2 * i] = ci;
+      r[2 * i][2 * i + 1] = -si;
+      r[2 * i + 1][2 * i] = si;
+      r[2 * i + 1][2 * i + 1] = ci;
+    }
+    return r;
+  }
+
+  Options o_;
+  std::map<int64_t, std::vector<InputMoments>> moments_;  // request id -> per layer
+};
+
+Status make_expected_attention(const std::string& json, std::unique_ptr<Compressor>* out) {
+  ParamReader p(json);
+  Options o;
+  o.n_future_positions = p.integer("n_future_positions", o.n_future_positions, 1, 1 << 20);
+  o.n_sink = p.integer("n_sink", o.n_sink, 0, 1 << 20);
+  o.use_covariance = p.boolean("use_covariance", o.use_covariance);
+  o.use_vnorm = p.boolean("use_vnorm", o.use_vnorm);
+  o.epsilon = p.number("epsilon", o.epsilon, 0.0, 1e6);
+  VC_RETURN_IF_ERROR(p.finish());
+  *out = std::make_unique<ExpectedAttention>(o);
+  return Status();
+}
+
+}  // namespace
+}  // namespace vericache::plugin
+
+VC_EXPORT_COMPRESSOR("expected_attention",
+                     "Expected Attention, Gaussian model of future queries (kvpress ExpectedAttentionPress); parameters: "
+                     "n_future_positions (512), n_sink (4), use_covariance (true), use_vnorm (true), epsilon (0)",
+                     vericache::CompressorFamily::kTokenDropping, vericache::CompressionMode::kOffline,
+                     vericache::kAllScenarios, vericache::plugin::make_expected_attention)

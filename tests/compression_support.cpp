@@ -1,0 +1,52 @@
+#include "compression_support.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/compression.h"
+#include "loader/plugin_loader.h"
+#include "test_support.h"
+
+namespace vericache::testing {
+
+std::shared_ptr<Compressor> bundled_compressor(const std::string& name, const std::string& params, const LlamaModel& model) {
+  auto loaded = load_compressor(std::string(VC_PLUGIN_DIR) + "/vc_plugin_" + name + ".so", params);
+  EXPECT_TRUE(loaded.ok()) << loaded.status().message();
+  if (!loaded.ok()) return nullptr;
+  const Status attached = (*loaded)->attach(model.shape());
+  EXPECT_TRUE(attached.ok()) << attached.message();
+  return attached.ok() ? *loaded : nullptr;
+}
+
+std::unique_ptr<CompressionRun> run_compression(const LlamaModel& model, Compressor& compressor,
+                                                const std::vector<int32_t>& ids, double ratio) {
+  const auto n = static_cast<int64_t>(ids.size());
+  const int64_t layers = model.config().n_layers;
+  auto pool = model.make_page_pool(16, layers * ((2 * n + 2200) / 16 + 2));
+  EXPECT_TRUE(pool.ok());
+  auto run = std::make_unique<CompressionRun>(CompressionRun{std::move(*pool), SequenceKv(layers), {}, Status()});
+  std::vector<int32_t> positions(n);
+  for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(i);
+  ForwardItem item{ids, positions, &run->kv, LogitRows::kNone, 0};
+  at::Tensor logits;
+  const std::vector<double> ratios{ratio};
+  std::vector<LayerDrops> drops;
+  run->status = model.forward(std::span(&item, 1), run->pool, &logits, compression_observer(compressor, ratios, &drops));
+  SequenceKv* caches[] = {&run->kv};
+  if (run->status.ok()) run->status = apply_drops(compressor.name(), run->pool, caches, drops);
+  if (run->status.ok() && compressor.mode() == CompressionMode::kOffline) {
+    run->status = compress_offline(model, run->pool, compressor, ratio, ids, 0, run->kv, &run->compressed);
+  }
+  return run;
+}
+
+std::vector<int32_t> kvpress_prompt_ids(const std::string& prompt) {
+  const auto index = nlohmann::json::parse(read_file(source_path("tests/fixtures/reference/kvpress/index.json")));
+  for (const auto& e : index.at("entries")) {
+    if (e.at("prompt") == prompt) return e.at("token_ids").get<std::vector<int32_t>>();
+  }
+  ADD_FAILURE() << "no kvpress fixture prompt '" << prompt << "'";
+  return {};
+}
+
+}  // namespace vericache::testing

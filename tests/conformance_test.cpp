@@ -1,0 +1,259 @@
+// The compressor conformance matrix: every bundled token-dropping plugin at c in {0.1, 0.25, 0.5}
+// on the real model and a real 672-token prompt, run the way the engine runs it (update() through
+// the prefill, compress() + compaction, drops applied). Each case checks the contract: the kept
+// count per (layer, KV head) equals the plugin's budget; kept positions are unique, sorted and in
+// range; its protected tokens are kept; the result is deterministic; the resident pages are
+// c * full within page rounding; and decoding on the compressed cache alone runs and differs from
+// full-KV decoding (KL > 0: these compressors are lossy by themselves).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include <unistd.h>
+
+#include "compression_support.h"
+#include "engine/compression.h"
+#include "engine/generator.h"
+#include "test_support.h"
+
+namespace vericache {
+namespace {
+
+using testing::CompressionRun;
+
+constexpr int64_t kKvzapWindow = 16;
+
+// KVzap needs surrogate weights: trained once per test process, small, by the real command.
+const std::string& kvzap_weights() {
+  static const std::string path = [] {
+    const std::string out =
+        std::filesystem::temp_directory_path() / ("vericache_tests_kvzap_" + std::to_string(getpid()) + ".json");
+    const std::string command = std::string(VC_BINARY) + " train-kvzap --passages 4 --passage-tokens 128 --out " + out + " > /dev/null 2>&1";
+    EXPECT_EQ(std::system(command.c_str()), 0) << command;
+    static const struct RemoveAtExit {
+      std::string file;
+      ~RemoveAtExit() { std::filesystem::remove(file); }
+    } cleanup{out};
+    return out;
+  }();
+  return path;
+}
+
+std::string params_for(const std::string& plugin) {
+  if (plugin == "kvzap") return R"({"weights": ")" + kvzap_weights() + R"(", "window": )" + std::to_string(kKvzapWindow) + "}";
+  return "{}";
+}
+
+struct Case {
+  std::string plugin;
+  double ratio;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.plugin << " at c = " << c.ratio; }
+
+class Conformance : public ::testing::TestWithParam<Case> {};
+
+// Greedy decoding of `steps` tokens after `kv` (positions from `start`), returning the logits of
+// each step; an online compressor sees every step and its drops are applied.
+std::vector<at::Tensor> decode(const LlamaModel& m, PagePool& pool, SequenceKv& kv, std::vector<int32_t> tokens,
+                               int64_t start, Compressor* online, double ratio) {
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::vector<int32_t> token{tokens[i]}, position{static_cast<int32_t>(start + i)};
+    ForwardItem item{token, position, &kv, LogitRows::kLast, 0};
+    at::Tensor logits;
+    const std::vector<double> ratios{ratio};
+    std::vector<LayerDrops> drops;
+    Status s = online ? m.forward(std::span(&item, 1), pool, &logits, compression_observer(*online, ratios, &drops))
+                      : m.forward(std::span(&item, 1), pool, &logits);
+    SequenceKv* caches[] = {&kv};
+    if (s.ok() && online) s = apply_drops(online->name(), pool, caches, drops);
+    EXPECT_TRUE(s.ok()) << s.message();
+    out.push_back(logits[0].clone());
+  }
+  return out;
+}
+
+// Prefills `ids` into `kv` on the full cache and returns the last row's logits.
+at::Tensor prefill_full(const LlamaModel& m, const std::vector<int32_t>& ids, PagePool& pool, SequenceKv& kv) {
+  std::vector<int32_t> positions(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) positions[i] = static_cast<int32_t>(i);
+  ForwardItem prefill{ids, positions, &kv, LogitRows::kLast, 0};
+  at::Tensor logits;
+  const Status s = m.forward(std::span(&prefill, 1), pool, &logits);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return logits[0];
+}
+
+TEST_P(Conformance, KeepsTheBudgetCompactsAndIsLossyAlone) {
+  const Case c = GetParam();
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  const std::vector<int32_t> ids = testing::kvpress_prompt_ids("doc");
+  const auto n = static_cast<int64_t>(ids.size());
+  const int64_t layers = m->config().n_layers, heads = m->config().n_kv_heads, ps = 16;
+  const int64_t k = std::max<int64_t>(1, static_cast<int64_t>(std::floor(n * c.ratio + 1e-9)));
+
+  auto compressor = testing::bundled_compressor(c.plugin, params_for(c.plugin), *m);
+  ASSERT_NE(compressor, nullptr);
+  auto run = testing::run_compression(*m, *compressor, ids, c.ratio);
+  ASSERT_TRUE(run->status.ok()) << run->status.message();
+  const SequenceKv& kv = run->kv;
+
+  // Budget: per layer the same count for every head.
+  int64_t kept_total = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    const int64_t kept = kv.length(l);
+    kept_total += kept;
+    if (c.plugin == "kvzap") {
+      EXPECT_EQ(kept, std::max(k, std::min(n, kKvzapWindow))) << "layer " << l;
+    } else if (c.plugin != "kvzip") {
+      EXPECT_EQ(kept, k) << "layer " << l;
+    }
+    for (int64_t h = 0; h < heads; ++h) ASSERT_EQ(static_cast<int64_t>(kv.slot_positions(l, h).size()), kept);
+  }
+  if (c.plugin == "kvzip") {
+    EXPECT_EQ(kept_total, layers * k);  // global allocation: counts free across layers
+  }
+
+  // Positions unique, sorted, in range; protected tokens kept.
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const std::vector<int64_t>& p = kv.slot_positions(l, h);
+      for (size_t j = 0; j < p.size(); ++j) {
+        ASSERT_TRUE(p[j] >= 0 && p[j] < n) << p[j];
+        if (j > 0) {
+          ASSERT_LT(p[j - 1], p[j]);
+        }
+      }
+      auto holds = [&](int64_t position) { return std::binary_search(p.begin(), p.end(), position); };
+      if (c.plugin == "snapkv") {
+        for (int64_t q = n - 64; q < n; ++q) EXPECT_TRUE(holds(q)) << "window position " << q << " layer " << l;
+      } else if (c.plugin == "kvzap") {
+        for (int64_t q = n - kKvzapWindow; q < n; ++q) EXPECT_TRUE(holds(q)) << "window position " << q << " layer " << l;
+      } else {
+        for (int64_t q = 0; q < 4; ++q) EXPECT_TRUE(holds(q)) << "sink " << q << " layer " << l;
+      }
+    }
+  }
+
+  // Resident pages: exactly the pages the kept slots need, c * full within page rounding.
+  int64_t pages = 0;
+  for (int64_t l = 0; l < layers; ++l) pages += (kv.length(l) + ps - 1) / ps;
+  EXPECT_EQ(kv.pages_held(), pages);
+  EXPECT_EQ(run->pool.num_free(), run->pool.num_pages() - pages);
+  EXPECT_LE(std::abs(static_cast<double>(pages * ps) - c.ratio * n * layers), static_cast<double>(ps * layers));
+  EXPECT_LT(pages, layers * ((n + ps - 1) / ps));
+
+  // Deterministic: a fresh compressor on a fresh cache keeps the same positions.
+  auto again = testing::bundled_compressor(c.plugin, params_for(c.plugin), *m);
+  auto rerun = testing::run_compression(*m, *again, ids, c.ratio);
+  ASSERT_TRUE(rerun->status.ok()) << rerun->status.message();
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int64_t h = 0; h < heads; ++h) ASSERT_EQ(kv.slot_positions(l, h), rerun->kv.slot_positions(l, h)) << l << " " << h;
+  }
+
+  // Decoding on the compressed cache alone: 4 greedy steps of the full-KV continuation, teacher forced.
+  auto full_pool = m->make_page_pool(ps, layers * ((n + 16) / ps + 1));
+  ASSERT_TRUE(full_pool.ok());
+  SequenceKv full(layers);
+  std::vector<int32_t> continuation{
+      static_cast<int32_t>(prefill_full(*m, ids, *full_pool, full).argmax().item<int64_t>())};
+  std::vector<at::Tensor> full_logits;
+  for (int step = 0; step < 4; ++step) {
+    full_logits.push_back(decode(*m, *full_pool, full, {continuation.back()}, n + step, nullptr, 1.0)[0]);
+    continuation.push_back(static_cast<int32_t>(full_logits.back().argmax().item<int64_t>()));
+  }
+  continuation.pop_back();
+  Compressor* online = compressor->mode() == CompressionMode::kOnline ? compressor.get() : nullptr;
+  const std::vector<at::Tensor> compressed_logits = decode(*m, run->pool, run->kv, continuation, n, online, c.ratio);
+  double kl = 0;
+  for (size_t i = 0; i < full_logits.size(); ++i) {
+    const at::Tensor lp = at::log_softmax(full_logits[i].to(at::kDouble), -1);
+    const at::Tensor lq = at::log_softmax(compressed_logits[i].to(at::kDouble), -1);
+    kl += (lp.exp() * (lp - lq)).sum().item<double>() / static_cast<double>(full_logits.size());
+  }
+  EXPECT_TRUE(std::isfinite(kl));
+  EXPECT_GT(kl, 1e-6) << "decoding on the compressed cache matches full KV: nothing was dropped?";
+  std::printf("[ %s c=%.2f ] resident %lld of %lld pages, mean KL(full || compressed) over 4 steps = %.4g\n",
+              c.plugin.c_str(), c.ratio, static_cast<long long>(pages),
+              static_cast<long long>(layers * ((n + ps - 1) / ps)), kl);
+  run->kv.release(run->pool);
+  rerun->kv.release(rerun->pool);
+  full.release(*full_pool);
+}
+
+// The engine's Generator runs a compressor exactly as the steps above do: the same tokens as
+// greedy decoding by hand on the compressed cache (positions continuing from the uncompressed
+// length), and the same resident slots at the end — for an offline and an online compressor.
+TEST(CompressedGeneration, GeneratorMatchesDecodingTheCompressedCacheByHand) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  const std::vector<int32_t> ids = testing::kvpress_prompt_ids("doc");
+  const auto n = static_cast<int64_t>(ids.size());
+  const int64_t layers = m->config().n_layers, steps = 6;
+  const double ratio = 0.25;
+  for (const std::string plugin : {"snapkv", "kvzap"}) {
+    // By hand: the first token from the full prefill, then greedy steps on the compressed cache.
+    auto by_hand = testing::bundled_compressor(plugin, params_for(plugin), *m);
+    ASSERT_NE(by_hand, nullptr);
+    auto run = testing::run_compression(*m, *by_hand, ids, ratio);
+    ASSERT_TRUE(run->status.ok()) << run->status.message();
+    auto full_pool = m->make_page_pool(16, layers * (n / 16 + 2));
+    ASSERT_TRUE(full_pool.ok());
+    SequenceKv full(layers);
+    std::vector<int32_t> expected{static_cast<int32_t>(prefill_full(*m, ids, *full_pool, full).argmax().item<int64_t>())};
+    full.release(*full_pool);
+    Compressor* online = by_hand->mode() == CompressionMode::kOnline ? by_hand.get() : nullptr;
+    while (static_cast<int64_t>(expected.size()) < steps) {
+      const at::Tensor step = decode(*m, run->pool, run->kv, {expected.back()}, n + static_cast<int64_t>(expected.size()) - 1,
+                                     online, ratio)[0];
+      expected.push_back(static_cast<int32_t>(step.argmax().item<int64_t>()));
+    }
+    int64_t resident = 0;
+    for (int64_t l = 0; l < layers; ++l) resident += run->kv.length(l);
+    run->kv.release(run->pool);
+
+    // The engine: one request, the whole prompt in one prefill forward as above.
+    auto engine = testing::bundled_compressor(plugin, params_for(plugin), *m);
+    ASSERT_NE(engine, nullptr);
+    GenerationRequest request;
+    request.prompt = ids;
+    request.max_new_tokens = steps;
+    request.ignore_eos = true;
+    GeneratorOptions options;
+    options.prefill_chunk = 1024;
+    options.compressor = engine.get();
+    options.ratio = ratio;
+    auto pool = m->make_page_pool(16, Generator::pages_needed(*m, 16, std::span(&request, 1), n + 64));
+    ASSERT_TRUE(pool.ok());
+    Generator generator(*m, *pool, options);
+    GenerationStats stats;
+    auto results = generator.generate(std::span(&request, 1), {}, &stats);
+    ASSERT_TRUE(results.ok()) << results.status().message();
+    EXPECT_EQ((*results)[0].tokens, expected) << plugin;
+    EXPECT_EQ(stats.resident_kv_slots, resident) << plugin;  // both fed steps - 1 decoded tokens
+    EXPECT_EQ(stats.full_kv_slots, (n + steps - 1) * layers);
+    EXPECT_EQ(pool->num_free(), pool->num_pages());
+  }
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const char* plugin : {"snapkv", "expected_attention", "kvzip", "kvzap"}) {
+    for (double ratio : {0.1, 0.25, 0.5}) cases.push_back({plugin, ratio});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, Conformance, ::testing::ValuesIn(all_cases()), [](const auto& info) {
+  return info.param.plugin + "_c" + std::to_string(static_cast<int>(std::lround(info.param.ratio * 100)));
+});
+
+}  // namespace
+}  // namespace vericache
