@@ -179,7 +179,8 @@ int run_generate(int argc, char** argv) {
     compressor = std::move(*loaded);
   }
   // Offline compressors may run extra forwards over up to the prompt's length again (KVzip).
-  const int64_t extra_slots = compressor ? static_cast<int64_t>(prompt.size()) + 64 : 0;
+  const bool offline = compressor && compressor->mode() == CompressionMode::kOffline;
+  const int64_t extra_slots = offline ? static_cast<int64_t>(prompt.size()) + 64 : 0;
   auto pool = m.make_page_pool(o.page_size, std::max<int64_t>(1, Generator::pages_needed(m, o.page_size, requests, extra_slots)));
   if (!pool.ok()) return report_error(pool.status());
 

@@ -1,6 +1,7 @@
 // vericache: one binary, one subcommand per task.
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 
 #include "cli_common.h"
@@ -47,7 +48,15 @@ int main(int argc, char** argv) {
     return vericache::cli::kExitOk;
   }
   for (const Command& c : kCommands) {
-    if (std::strcmp(argv[1], c.name) == 0) return c.run(argc - 1, argv + 1);
+    if (std::strcmp(argv[1], c.name) != 0) continue;
+    // Expected failures are Status values; this only turns a library's exception into one line.
+    try {
+      return c.run(argc - 1, argv + 1);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      std::fprintf(stderr, "vericache: error: internal: %s\n", what.substr(0, what.find('\n')).c_str());
+      return vericache::cli::kExitFailure;
+    }
   }
   std::fprintf(stderr, "vericache: unknown command '%s'. Run 'vericache --help' for the list.\n", argv[1]);
   return vericache::cli::kExitUsage;

@@ -77,7 +77,7 @@ int run_train_kvzap(int argc, char** argv) {
     ("corpus", po::value(&corpus)->default_value(corpus), "calibration text file")
     ("passages", po::value(&passages)->default_value(32), "passages taken evenly across the corpus (every 8th is held out)")
     ("passage-tokens", po::value(&passage_tokens)->default_value(512), "tokens per passage")
-    ("ridge", po::value(&lambda)->default_value(1.0), "ridge penalty on the weights (sklearn Ridge's alpha)")
+    ("ridge", po::value(&lambda)->default_value(1.0), "ridge penalty on the weights, > 0 (sklearn Ridge's alpha)")
     ("out,o", po::value(&out_path), "write the weights here (JSON; required)")
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores");
   // clang-format on
@@ -89,7 +89,7 @@ int run_train_kvzap(int argc, char** argv) {
   if (out_path.empty()) return report_usage_error("train-kvzap", "give --out FILE for the weights");
   if (passages < 2) return report_usage_error("train-kvzap", "--passages must be >= 2 (one is held out)");
   if (passage_tokens < 16) return report_usage_error("train-kvzap", "--passage-tokens must be >= 16");
-  if (!(lambda >= 0)) return report_usage_error("train-kvzap", "--ridge must be >= 0");
+  if (!(lambda > 0)) return report_usage_error("train-kvzap", "--ridge must be > 0");
   set_threads(threads);
 
   auto path = resolve_model_path(model_arg);
@@ -113,6 +113,9 @@ int run_train_kvzap(int argc, char** argv) {
   if (!wrapped.ok()) return report_error(wrapped.status());
   const std::vector<int32_t> marker = m.tokenizer().encode("\x01", false);
   const auto at_marker = std::search(wrapped->begin(), wrapped->end(), marker.begin(), marker.end());
+  if (at_marker == wrapped->end()) {
+    return report_error(Status::not_supported("cannot find where a user message goes in this model's chat template"));
+  }
   const std::vector<int32_t> prefix(wrapped->begin(), at_marker), suffix(at_marker + marker.size(), wrapped->end());
   const auto prefix_len = static_cast<int64_t>(prefix.size());
 

@@ -131,6 +131,11 @@ TEST(SequenceKv, CompactMovesKeptSlotsAndFreesPages) {
   EXPECT_EQ(kv.length(0), 5);
   EXPECT_EQ(kv.slot_positions(0, 1), (std::vector<int64_t>{1, 2, 33, 50, 51}));
   EXPECT_EQ(kv.view(*pool).positions[0][1][4].item<int64_t>(), 51);
+  // Rolling back per layer (what ModelAccess::run_without_keeping does) restores each layer's length.
+  kv.truncate(*pool, std::vector<int64_t>{3, 20, 50});
+  EXPECT_EQ(kv.slot_positions(0, 1), (std::vector<int64_t>{1, 2, 33}));
+  EXPECT_EQ(kv.length(1), 20);
+  EXPECT_EQ(kv.pages_held(), 1 + 2 + 4);
   kv.release(*pool);
   EXPECT_EQ(pool->num_free(), 40);
 }

@@ -42,9 +42,11 @@ int64_t Generator::pages_needed(const LlamaModel& model, int64_t page_size, std:
   int64_t pages = 0;
   for (const GenerationRequest& r : requests) {
     const int64_t slots = std::min<int64_t>(static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens,
-                                            model.config().context_length) + extra_slots;
+                                            model.config().context_length);
     pages += spec.n_layers * spec.pages_for(slots);
   }
+  // The extra slots start in a request's last, partly used page: at most one page more per layer.
+  if (extra_slots > 0) pages += spec.n_layers * (spec.pages_for(extra_slots) + 1);
   return pages;
 }
 
@@ -149,6 +151,7 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
         const auto start = std::chrono::steady_clock::now();
         status = compress_offline(model_, pool_, *compressor, options_.ratio, requests[i].prompt,
                                   static_cast<int64_t>(i), state[i].kv);
+        compressor->release(static_cast<int64_t>(i));  // what it recorded for the prompt is spent
         st.compress_seconds += seconds_since(start);
       }
     }

@@ -78,8 +78,8 @@ class Generator {
   Result<std::vector<GenerationResult>> generate(std::span<const GenerationRequest> requests,
                                                  const TokenCallback& on_token = {}, GenerationStats* stats = nullptr);
 
-  // Pages a pool needs to run `requests` to completion, with room for `extra_slots` more per
-  // request (forwards an offline compressor runs without keeping their KV).
+  // Pages a pool needs to run `requests` to completion, with room for `extra_slots` more slots in
+  // one request at a time (the forwards an offline compressor runs without keeping their KV).
   static int64_t pages_needed(const LlamaModel& model, int64_t page_size, std::span<const GenerationRequest> requests,
                               int64_t extra_slots = 0);
 

@@ -124,6 +124,9 @@ void SequenceKv::compact(PagePool& pool, const std::vector<at::Tensor>& kept) {
 
 Status SequenceKv::drop(PagePool& pool, int64_t layer, const at::Tensor& positions) {
   const int64_t n_heads = pool.spec().n_kv_heads;
+  if (layer < 0 || layer >= n_layers()) {
+    return Status::invalid_argument("drop: layer " + std::to_string(layer) + " outside [0, " + std::to_string(n_layers()) + ")");
+  }
   if (!positions.defined() || positions.dim() != 2 || positions.scalar_type() != at::kLong ||
       positions.size(0) != n_heads) {
     return Status::invalid_argument("layer " + std::to_string(layer) + ": dropped positions must be an int64 tensor [" +
@@ -132,12 +135,16 @@ Status SequenceKv::drop(PagePool& pool, int64_t layer, const at::Tensor& positio
   const at::Tensor d = positions.to(at::kCPU).contiguous();
   const int64_t n = d.size(1);
   if (n == 0) return Status();
-  make_compressed(n_heads);
   const int64_t* p = d.data_ptr<int64_t>();
   std::vector<std::vector<int64_t>> slots(n_heads);
+  std::vector<int64_t> identity;  // a full cache: slot s holds position s
+  if (!compressed()) {
+    identity.resize(lengths_[layer]);
+    for (int64_t s = 0; s < lengths_[layer]; ++s) identity[s] = s;
+  }
   for (int64_t h = 0; h < n_heads; ++h) {
     // Held positions are increasing (slots stay in position order), so one merge walk suffices.
-    const std::vector<int64_t>& held = slot_positions_[layer][h];
+    const std::vector<int64_t>& held = compressed() ? slot_positions_[layer][h] : identity;
     std::vector<int64_t> gone(p + h * n, p + (h + 1) * n);
     std::sort(gone.begin(), gone.end());
     size_t next = 0;
@@ -154,15 +161,22 @@ Status SequenceKv::drop(PagePool& pool, int64_t layer, const at::Tensor& positio
                                       ": cannot drop position " + std::to_string(bad) + ", which is not kept (or is dropped twice)");
     }
   }
+  make_compressed(n_heads);
   keep_slots(pool, layer, slots);
   return Status();
 }
 
 void SequenceKv::truncate(PagePool& pool, int64_t length) {
   VC_CHECK(length >= 0, "truncate: negative length");
+  truncate(pool, std::vector<int64_t>(tables_.size(), length));
+}
+
+void SequenceKv::truncate(PagePool& pool, const std::vector<int64_t>& lengths) {
+  VC_CHECK(lengths.size() == tables_.size(), "truncate: one length per layer");
+  for (int64_t len : lengths) VC_CHECK(len >= 0, "truncate: negative length");
   const int64_t page_size = pool.spec().page_size;
   for (size_t l = 0; l < tables_.size(); ++l) {
-    lengths_[l] = std::min(lengths_[l], length);
+    lengths_[l] = std::min(lengths_[l], lengths[l]);
     if (compressed()) {
       for (auto& head : slot_positions_[l]) head.resize(lengths_[l]);
     }

@@ -52,6 +52,9 @@ class SequenceKv {
   // Keeps the first `length` slots of every layer (no-op for a layer already shorter) and
   // returns the pages past them to the pool.
   void truncate(PagePool& pool, int64_t length);
+  // The same with a length per layer (a compressed sequence's layers differ).
+  void truncate(PagePool& pool, const std::vector<int64_t>& lengths);
+  const std::vector<int64_t>& lengths() const { return lengths_; }
   // Returns every page to the pool; the sequence becomes empty.
   void release(PagePool& pool);
 

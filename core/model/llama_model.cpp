@@ -85,8 +85,9 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& path, co
   }
   VC_RETURN_IF_ERROR(model->load_weights(file));
   model->build_rope_table();
-  VC_RETURN_IF_ERROR(model->place_weights());
   model->kernels_ = &cpu::best_kernels();
+  model->fingerprint_ = model->compute_fingerprint();
+  VC_RETURN_IF_ERROR(model->place_weights());
   return model;
 }
 
@@ -157,6 +158,31 @@ Status LlamaModel::load_weights(const GgufFile& file) {
     VC_ASSIGN_OR_RETURN(L.w_down, load_matrix(file, {p + "ffn_down.weight"}, {d}, c.d_ff));
   }
   return Status();
+}
+
+// FNV-1a over every layer's normalisation weights and the first row of each of its weight
+// matrices (as dequantized), plus the output norm: cheap, and different for any retraining or
+// fine-tune that touches those (LoRA on attention or MLP included). Needs kernels_ (CPU weights).
+std::string LlamaModel::compute_fingerprint() const {
+  uint64_t hash = 1469598103934665603ull;
+  auto mix = [&](const at::Tensor& tensor) {
+    const at::Tensor t = tensor.to(at::kCPU, at::kFloat).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+    for (int64_t i = 0; i < t.numel() * 4; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  };
+  const int64_t q = config_.n_heads * config_.head_dim, kv = config_.n_kv_heads * config_.head_dim;
+  for (const Layer& L : layers_) {
+    mix(L.attn_norm);
+    mix(L.ffn_norm);
+    for (int64_t row : {int64_t{0}, q, q + kv}) mix(weight_rows(L.wqkv, row, 1));
+    mix(weight_rows(L.wo, 0, 1));
+    mix(weight_rows(L.w_gate_up, 0, 1));
+    mix(weight_rows(L.w_down, 0, 1));
+  }
+  mix(output_norm_);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
 }
 
 // cos/sin of pos * inv_freq[i], computed with the same float32 libtorch operations as the
@@ -328,35 +354,30 @@ ModelShape LlamaModel::shape() const {
   shape.context_length = config_.context_length;
   shape.rope_freq_base = config_.rope_freq_base;
   shape.name = config_.name;
-  // FNV-1a over the normalisation weights: cheap, and different for any retrained or fine-tuned model.
-  uint64_t hash = 1469598103934665603ull;
-  for (int64_t l = 0; l <= config_.n_layers; ++l) {
-    auto w = weight(l < config_.n_layers ? "blk." + std::to_string(l) + ".attn_norm.weight" : "output_norm.weight");
-    VC_CHECK(w.ok(), "shape: normalisation weights are validated at load");
-    const at::Tensor t = w->contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
-    for (int64_t i = 0; i < t.numel() * 4; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
-  }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
-  shape.fingerprint = hex;
+  shape.fingerprint = fingerprint_;
   return shape;
 }
 
 void LlamaModel::rope(std::span<const int64_t> positions, at::Tensor* cos, at::Tensor* sin) const {
-  const at::Tensor index = at::tensor(std::vector<int64_t>(positions.begin(), positions.end()), at::kLong);
-  *cos = rope_cos_.cpu().index_select(0, index);
-  *sin = rope_sin_.cpu().index_select(0, index);
+  // The table's formula at any position (compressors look past the context: future positions).
+  const at::Tensor exponents =
+      at::arange(0, config_.head_dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(config_.head_dim);
+  const at::Tensor inv_freq = 1.0 / at::pow(config_.rope_freq_base, exponents);
+  const at::Tensor p = at::tensor(std::vector<int64_t>(positions.begin(), positions.end()), at::kLong).to(at::kFloat);
+  const at::Tensor angles = p.unsqueeze(1) * inv_freq.unsqueeze(0);
+  *cos = angles.cos().contiguous();
+  *sin = angles.sin().contiguous();
+}
+
+at::Tensor LlamaModel::weight_rows(const Weight& w, int64_t first, int64_t count) const {
+  if (w.tensor.scalar_type() != at::kByte) return w.tensor.narrow(0, first, count).to(at::kCPU, at::kFloat).clone();
+  at::Tensor out = at::empty({count, w.view.k}, at::kFloat);
+  for (int64_t r = 0; r < count; ++r) kernels_->weight_row(w.view, first + r, out[r].data_ptr<float>());
+  return out;
 }
 
 Result<at::Tensor> LlamaModel::weight(const std::string& gguf_name) const {
-  // Rows [first, first + count) of a stored matrix, as float32 on the CPU.
-  auto rows = [&](const Weight& w, int64_t first, int64_t count) -> at::Tensor {
-    if (w.tensor.scalar_type() != at::kByte) return w.tensor.narrow(0, first, count).to(at::kCPU, at::kFloat).clone();
-    at::Tensor out = at::empty({count, w.view.k}, at::kFloat);
-    for (int64_t r = 0; r < count; ++r) kernels_->weight_row(w.view, first + r, out[r].data_ptr<float>());
-    return out;
-  };
+  auto rows = [&](const Weight& w, int64_t first, int64_t count) { return weight_rows(w, first, count); };
   const LlamaConfig& c = config_;
   const int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
   if (gguf_name == "token_embd.weight") return rows(token_embedding_, 0, c.vocab_size);

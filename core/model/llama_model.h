@@ -107,7 +107,7 @@ class LlamaModel {
   // A weight by GGUF name ("blk.3.attn_q.weight", "token_embd.weight", "output_norm.weight", ...)
   // as a float32 CPU tensor in PyTorch order; NotFound for an unknown name.
   Result<at::Tensor> weight(const std::string& gguf_name) const;
-  // cos and sin [positions, head_dim / 2] of the model's RoPE (float32, CPU).
+  // cos and sin [positions, head_dim / 2] of the model's RoPE (float32, CPU), at any position.
   void rope(std::span<const int64_t> positions, at::Tensor* cos, at::Tensor* sin) const;
   ModelShape shape() const;
 
@@ -140,6 +140,9 @@ class LlamaModel {
   Result<Weight> load_matrix(const GgufFile& file, const std::vector<std::string>& names,
                              const std::vector<int64_t>& rows, int64_t k) const;
   void build_rope_table();
+  std::string compute_fingerprint() const;
+  // Rows [first, first + count) of a stored matrix, as float32 on the CPU.
+  at::Tensor weight_rows(const Weight& w, int64_t first, int64_t count) const;
   Status place_weights();
   Status validate(std::span<const ForwardItem> batch, const PagePool& pool) const;
   // After validate() and reserving every item's slots; `begin[i]` is item i's first row.
@@ -159,6 +162,7 @@ class LlamaModel {
   Status chat_template_status_;
   bool tied_embeddings_ = true;
   std::string weight_type_;
+  std::string fingerprint_;  // ModelShape::fingerprint, computed once at load
   Weight token_embedding_;      // [vocab, d_model]
   at::Tensor output_norm_;      // [d_model] float32
   Weight output_;               // [vocab, d_model]; the token embedding when tied

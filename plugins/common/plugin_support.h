@@ -102,8 +102,10 @@ class ParamReader {
   std::string error_;
 };
 
-// Tokens kept per KV head of a layer of n tokens at kept fraction c: floor(n * c), at least 1
-// (kvpress: max(1, int(n * (1 - compression_ratio)))). The epsilon absorbs 0.1 * 30 = 2.9999...
+// Tokens kept per KV head of a layer of n tokens at kept fraction c: floor(n * c), at least 1.
+// kvpress computes max(1, int(n * (1 - compression_ratio))) with compression_ratio = 1 - c, which
+// can land one lower when 1 - (1 - c) is inexact (c = 0.1, n = 30 gives 2 there, 3 here); the
+// epsilon keeps products such as 0.3 * 10 = 2.9999999999999996 at 3.
 inline int64_t kept_count(int64_t n, double ratio) {
   return std::clamp<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(n) * ratio + 1e-9)), 1, n);
 }

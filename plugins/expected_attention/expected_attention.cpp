@@ -7,8 +7,9 @@
 // averaged over the query group and multiplied by ||v|| (plus epsilon first); sinks are kept.
 //
 // Pre-RoPE queries are linear in the attention input x (q_j = W_Q,j x), so update() only keeps
-// running sums of x and x x^T over the prompt (float64, [d_model] and [d_model, d_model] per layer
-// and request); compress() maps them through W_Q: mu_j = W_Q,j E[x], Sigma_j = W_Q,j Cov[x] W_Q,j^T.
+// the running mean and covariance of x over the prompt (float64, [d_model] and [d_model, d_model]
+// per layer and request); compress() maps them through W_Q: mu_j = W_Q,j E[x],
+// Sigma_j = W_Q,j Cov[x] W_Q,j^T.
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -30,10 +31,30 @@ struct Options {
   double epsilon = 0.0;
 };
 
+// Mean and centred second moment of the attention inputs seen so far. Each prefill chunk is
+// centred on its own mean before its product is formed (float32, no cancellation), and chunks are
+// merged in float64 (Chan et al.'s parallel update): M2 = M2_a + M2_b + d d^T n_a n_b / n.
 struct InputMoments {
   int64_t count = 0;
-  at::Tensor sum;    // [d_model] float64
-  at::Tensor outer;  // [d_model, d_model] float64, sum of x x^T
+  at::Tensor mean;  // [d_model] float64
+  at::Tensor m2;    // [d_model, d_model] float64, sum of (x - mean)(x - mean)^T
+
+  void add(const at::Tensor& x) {
+    const auto nb = static_cast<double>(x.size(0));
+    const at::Tensor mean_b = x.mean(0);
+    const at::Tensor centred = x - mean_b;
+    const at::Tensor m2_b = at::matmul(centred.t(), centred).to(at::kDouble);
+    if (count == 0) {
+      mean = mean_b.to(at::kDouble);
+      m2 = m2_b;
+    } else {
+      const auto na = static_cast<double>(count), n = na + nb;
+      const at::Tensor delta = mean_b.to(at::kDouble) - mean;
+      m2 = m2 + m2_b + at::outer(delta, delta) * (na * nb / n);
+      mean = mean + delta * (nb / n);
+    }
+    count += x.size(0);
+  }
 };
 
 class ExpectedAttention : public CompressorBase {
@@ -54,14 +75,7 @@ class ExpectedAttention : public CompressorBase {
       if (x.size(0) == 0) continue;
       std::vector<InputMoments>& layers = moments_[acts.request_ids[i]];
       if (layers.size() <= static_cast<size_t>(acts.layer)) layers.resize(acts.layer + 1);
-      InputMoments& m = layers[acts.layer];
-      if (!m.sum.defined()) {
-        m.sum = at::zeros({x.size(1)}, at::kDouble);
-        m.outer = at::zeros({x.size(1), x.size(1)}, at::kDouble);
-      }
-      m.count += x.size(0);
-      m.sum += x.sum(0).to(at::kDouble);
-      m.outer += at::matmul(x.t(), x).to(at::kDouble);  // one chunk in float32, accumulated in float64
+      layers[acts.layer].add(x);
     }
     return Status();
   }
@@ -84,7 +98,7 @@ class ExpectedAttention : public CompressorBase {
       const InputMoments& m = found->second[l];
       VC_ASSIGN_OR_RETURN(at::Tensor wq, model.weight("blk." + std::to_string(l) + ".attn_q.weight"));  // [nh*hd, d]
       const at::Tensor wq64 = wq.to(at::kDouble);
-      const at::Tensor mean_x = m.sum / static_cast<double>(m.count);
+      const at::Tensor& mean_x = m.mean;
       const at::Tensor mu = at::matmul(wq64, mean_x).view({nh, hd});                        // pre-RoPE mean per head
       const at::Tensor rmu = at::matmul(mu, avg_rotation.t()).to(at::kFloat);              // [nh, hd]
 
@@ -94,7 +108,7 @@ class ExpectedAttention : public CompressorBase {
       const at::Tensor keys_g = keys.repeat_interleave(group, 0);                          // [nh, m, hd]
       at::Tensor z = at::matmul(keys_g, rmu.unsqueeze(2)).squeeze(2) / std::sqrt(static_cast<double>(hd));
       if (o_.use_covariance) {
-        const at::Tensor cov_x = m.outer / static_cast<double>(m.count) - at::outer(mean_x, mean_x);
+        const at::Tensor cov_x = m.m2 / static_cast<double>(m.count);  // biased, as kvpress
         const at::Tensor w3 = wq64.view({nh, hd, -1});
         const at::Tensor cov = at::matmul(at::matmul(w3, cov_x), w3.transpose(1, 2));      // [nh, hd, hd]
         const at::Tensor rcov = at::matmul(at::matmul(avg_rotation, cov), avg_rotation.t()).to(at::kFloat);

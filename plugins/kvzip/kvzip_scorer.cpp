@@ -37,6 +37,9 @@ Status score_context(const KvCacheView& full_kv, ModelAccess& model, const Scori
   const std::span<const int32_t> prompt = model.prompt();
   const int64_t n = full_kv.lengths[0], nkv = shape.n_kv_heads, hd = shape.head_dim;
   const int64_t group = shape.n_heads / nkv;
+  if (static_cast<int64_t>(prompt.size()) != n) {
+    return Status::internal("the prompt has " + std::to_string(prompt.size()) + " tokens, the cache " + std::to_string(n));
+  }
   const int64_t start = std::min(options.context_start, n);
   scores->assign(shape.n_layers, at::Tensor());
   for (at::Tensor& s : *scores) s = at::zeros({nkv, n}, at::kFloat);
@@ -67,8 +70,9 @@ Status score_context(const KvCacheView& full_kv, ModelAccess& model, const Scori
       const auto [keys, values] = plugin::layer_kv(full_kv, l);  // [nkv, n, hd]
       const at::Tensor pass_k = acts.k.to(at::kCPU, at::kFloat).permute({1, 0, 2});  // [nkv, m, hd]
       const at::Tensor sub = at::cat({keys.narrow(1, 0, sink), keys.narrow(1, begin, len), pass_k}, 1);
-      const at::Tensor q = acts.q.to(at::kCPU, at::kFloat).permute({1, 0, 2}).reshape({nkv, group, m, hd});
-      at::Tensor logits = at::matmul(q, sub.unsqueeze(1).transpose(2, 3)) / std::sqrt(static_cast<double>(hd));
+      // Query heads of one KV head stacked: one batched GEMM per KV head, no broadcast copies.
+      const at::Tensor q = acts.q.to(at::kCPU, at::kFloat).permute({1, 0, 2}).reshape({nkv, group * m, hd});
+      at::Tensor logits = at::bmm(q, sub.transpose(1, 2)).mul_(1.0 / std::sqrt(static_cast<double>(hd))).view({nkv, group, m, -1});
       logits.narrow(3, sink + len, m).masked_fill_(causal, -INFINITY);
       at::Tensor attn = at::softmax(logits, -1).narrow(3, sink, len);  // [nkv, g, m, len]
       if (options.plus) {

@@ -44,7 +44,9 @@ struct CompressedKV {
 };
 
 // What one layer's forward exposes, for every request in the batch (rows concatenated; request i
-// owns rows [row_offsets[i], row_offsets[i + 1])). Float32 on the CPU, the model dtype elsewhere.
+// owns rows [row_offsets[i], row_offsets[i + 1])). `hidden` is float32 everywhere; q, k, v are
+// float32 on the CPU and in the model dtype on a GPU, on the model's device. Everything is a view of
+// the forward's buffers, valid during the call only: copy what you keep.
 struct LayerActivations {
   int64_t layer = 0;
   at::Tensor hidden;     // [rows, d_model] the attention input (after the pre-attention RMSNorm)
@@ -61,7 +63,8 @@ struct LayerActivations {
 };
 
 // Online drops for one request in one layer: positions each KV head stops keeping (the same count
-// for every head). Positions must be currently kept.
+// for every head). Positions must be kept once the forward is committed (this forward's own new
+// tokens may be dropped). The runtime applies drops after the forward; it sets `layer` itself.
 struct LayerDrops {
   int64_t request_id = 0;
   int64_t layer = 0;
@@ -90,10 +93,14 @@ class ModelAccess {
   // A weight as a float32 CPU tensor in PyTorch order, by GGUF name ("blk.3.attn_q.weight");
   // NotFound names a missing weight. Q/K rows are in GGUF order (RoPE rotates adjacent pairs).
   virtual Result<at::Tensor> weight(const std::string& gguf_name) const = 0;
-  // cos and sin [positions, head_dim / 2] float32 of the model's RoPE at `positions`.
+  // cos and sin [positions, head_dim / 2] float32 CPU of the model's RoPE at `positions` (any
+  // non-negative position, also past the context: the forward's own table values where they overlap).
   virtual void rope(std::span<const int64_t> positions, at::Tensor* cos, at::Tensor* sin) const = 0;
-  // Runs `tokens` at `positions` through the model after the request's full cache, reports every
-  // layer's activations to `observe`, then rolls the cache back: no KV of these tokens is kept.
+  // Runs `tokens` at `positions` (below the context length, after the cache) through the model
+  // after the request's full cache, reports every layer's activations to `observe` (ratios empty),
+  // then rolls the cache back: no KV of these tokens is kept. The new slots are written past the
+  // cache's length (possibly into its last page, never over a cached slot). Errors: OutOfPages
+  // when the pool has no room, whatever `observe` returns or throws. Not re-entrant.
   virtual Status run_without_keeping(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                                      const std::function<Status(const LayerActivations&)>& observe) = 0;
   // The request's prompt tokens (the full cache holds their K/V).
@@ -123,12 +130,15 @@ class Compressor {
   // forward, and for online compressors every decode forward too. Offline compressors record what
   // compress() will need; online ones append drops, which the runtime applies after the forward.
   virtual Status update(const LayerActivations& activations, std::vector<LayerDrops>* drops) noexcept = 0;
-  // Offline: the kept set for one request's full cache at kept fraction `ratio` in (0, 1].
+  // Offline: the kept set for one request's full cache at kept fraction `ratio` in (0, 1]. `out`
+  // arrives empty; `kept` tensors may be on any device. The view and `model` are valid for this
+  // call only.
   virtual Status compress(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) noexcept = 0;
   // Prepares what attention reads for `layer` of a compressed cache. Token dropping: nothing to do
   // (attention reads the compacted pages). Quantization: dequantize into the view's pages.
   virtual Status decompress(const CompressedKV& compressed, int64_t layer, KvCacheView& pages) noexcept = 0;
-  // Forgets per-request state (the request finished).
+  // Forgets per-request state: after an offline compress(), and when the request finishes. Request
+  // ids are reused across runs; releasing an id the compressor never saw is a no-op.
   virtual void release(int64_t request_id) noexcept = 0;
 };
 

@@ -10,7 +10,8 @@
 //
 // Ownership: a view borrows the page tensors (and copies the small tables); it is valid only
 // during the call it is passed to.
-// Thread-safety: the runtime does not touch the viewed pages during that call.
+// Thread-safety: the runtime does not change viewed slots during that call (forwards a plugin runs
+// through ModelAccess write only past each layer's length).
 #pragma once
 
 #include <cstdint>
