@@ -286,6 +286,30 @@ TEST(CompressedGeneration, BatchedChunkedRequestsEqualSoloRuns) {
   }
 }
 
+// The torch forward (the GPU path's structure, run here on the CPU) reads a compacted cache like
+// the CPU kernels do: one decode step on the same compressed cache through both paths.
+TEST(CompressedGeneration, TorchPathReadsTheCompactedCache) {
+  auto loaded = LlamaModel::load(testing::default_model_path(), LoadOptions{at::kCPU, at::kFloat, false});
+  ASSERT_TRUE(loaded.ok());
+  LlamaModel& m = **loaded;
+  const std::vector<int32_t> ids = testing::kvpress_prompt_ids("doc");
+  const auto n = static_cast<int64_t>(ids.size());
+  auto compressor = testing::bundled_compressor("kvzip", "{}", m);
+  ASSERT_NE(compressor, nullptr);
+  auto run = testing::run_compression(m, *compressor, ids, 0.25);
+  ASSERT_TRUE(run->status.ok()) << run->status.message();
+  const std::vector<int64_t> compacted = run->kv.lengths();
+  at::Tensor logits[2];
+  for (int path = 0; path < 2; ++path) {
+    ASSERT_TRUE(m.set_forward_path(path == 0 ? ForwardPath::kCpuKernels : ForwardPath::kTorch).ok());
+    logits[path] = decode(m, run->pool, run->kv, {ids.back()}, n, nullptr, 0.25)[0];
+    run->kv.truncate(run->pool, compacted);
+  }
+  EXPECT_LT((logits[0] - logits[1]).abs().max().item<float>(), 1e-3);
+  EXPECT_EQ(logits[0].argmax().item<int64_t>(), logits[1].argmax().item<int64_t>());
+  run->kv.release(run->pool);
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const char* plugin : {"snapkv", "expected_attention", "kvzip", "kvzap"}) {

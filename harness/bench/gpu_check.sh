@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, run in one call on the device machine (one H200), from the repository root:
 # build against that machine's torch, run the gpu-labelled tests, then the bf16 decode benchmark
-# (batch 1, 8, 64 at contexts 2K and 8K) with its memory roofline. Logs and results go to $OUT.
+# (batch 1, 8, 64 at contexts 2K and 8K) with its memory roofline, then decoding on each offline
+# compressor's cache on the GPU. Logs and results go to $OUT.
 #
 # Inputs that do not travel with the repository (the model is 98 MB, a call carries 64 MiB):
 #   the model    .models/SmolLM2-135M-Instruct.Q4_1.gguf, or halves made by harness/bench/split_model.sh:
@@ -35,3 +36,12 @@ tail -12 "$OUT/gpu_tests.log"
 build-gpu/vericache bench --device cuda --dtype bfloat16 --contexts 2048,8192 --batches 1,8,64 --decode-tokens 32 \
   --json > "$OUT/gpu_bench.jsonl" 2> "$OUT/gpu_bench.err" || tail -20 "$OUT/gpu_bench.err"
 python3 harness/bench/roofline.py --bandwidth-tbs 4.3 "$OUT/gpu_bench.jsonl" | tee "$OUT/gpu_bench.md"
+
+# Compressors on the GPU path (issue 3): every bundled offline plugin compacts a cuda cache and
+# decodes on it; the JSON lines record resident vs full slots and timings.
+head -c 12000 datasets/tokenizer_corpus/corpus.txt > "$OUT/compress_prompt.txt"
+for c in snapkv expected_attention kvzip; do
+  build-gpu/vericache generate --device cuda --compressor "$c" -c 0.25 -n 16 --ignore-eos --json \
+    -f "$OUT/compress_prompt.txt" >> "$OUT/gpu_compressors.jsonl" 2>> "$OUT/gpu_compressors.err" ||
+    { echo "gpu_check: $c failed"; tail -5 "$OUT/gpu_compressors.err"; }
+done
