@@ -29,8 +29,10 @@ BASELINE = os.path.join(ROOT, "build", "tests", "fixture_plugins", "vc_plugin_st
 def run(compressor, params, ratio, prompt_file, threads):
     cmd = [VERICACHE, "compress", "--compressor", compressor, "--params", params, "-c", str(ratio),
            "--no-chat-template", "-f", prompt_file, "--threads", str(threads), "--json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)}\n{done.stderr.strip()}")
+    return json.loads(done.stdout)
 
 
 def main():
