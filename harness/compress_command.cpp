@@ -104,9 +104,13 @@ int run_compress(int argc, char** argv) {
                        {"resident_kv_bytes", resident_pages * pool->page_bytes()}};
     std::cout << out.dump() << "\n";
   } else {
-    std::printf("%s (%s) at c = %.3f on %lld prompt tokens: kept %.3f of the cache; compress %.3f s (prefill %.3f s)\n",
-                (*compressor)->name().c_str(), plugin_path.c_str(), ratio, static_cast<long long>(n), kept_fraction, seconds,
-                prefill_seconds);
+    std::printf("%s (%s) at c = %.3f on %lld prompt tokens: kept %.3f of the cache\n", (*compressor)->name().c_str(),
+                plugin_path.c_str(), ratio, static_cast<long long>(n), kept_fraction);
+    if ((*compressor)->mode() == CompressionMode::kOffline) {
+      std::printf("prefill %.3f s, then compress %.3f s\n", prefill_seconds, seconds);
+    } else {
+      std::printf("prefill %.3f s, evicting online during it\n", prefill_seconds);
+    }
     std::printf("resident KV: %lld of %lld pages (%.1f of %.1f MiB)\n", static_cast<long long>(resident_pages),
                 static_cast<long long>(full_pages), resident_pages * pool->page_bytes() / 1048576.0,
                 full_pages * pool->page_bytes() / 1048576.0);
