@@ -81,9 +81,7 @@ int run_bench(int argc, char** argv) {
   auto load_options = parse_load_options(device_arg, dtype_arg);
   if (!load_options.ok()) return report_usage_error("bench", load_options.status().message());
   set_threads(threads);
-  auto path = resolve_model_path(model_arg);
-  if (!path.ok()) return report_error(path.status());
-  auto loaded = LlamaModel::load(*path, *load_options);
+  auto loaded = load_model(model_arg, *load_options);
   if (!loaded.ok()) return report_error(loaded.status());
   const LlamaModel& m = **loaded;
 
@@ -102,7 +100,7 @@ int run_bench(int argc, char** argv) {
   const int64_t kv_bytes_per_token = 2 * m.config().n_layers * m.config().n_kv_heads * m.config().head_dim * elem;
 
   if (!json) {
-    std::printf("model %s (%s), %s %s, %d threads, %s\n", path->c_str(), m.weight_type().c_str(),
+    std::printf("model %s (%s), %s %s, %d threads, %s\n", m.path().c_str(), m.weight_type().c_str(),
                 m.device().str().c_str(), c10::toString(m.dtype()), ThreadPool::global().threads(), engine.c_str());
     std::printf("%8s %6s %14s %14s %12s\n", "context", "batch", "prefill tok/s", "decode tok/s", "ms/step");
   }
@@ -138,7 +136,7 @@ int run_bench(int argc, char** argv) {
       const double ms_per_step = 1000.0 * stats.decode_seconds / static_cast<double>(stats.decode_steps);
       if (json) {
         nlohmann::json out{{"system", "vericache"},
-                           {"model", *path},
+                           {"model", m.path()},
                            {"weight_type", m.weight_type()},
                            {"context", context},
                            {"batch", batch},

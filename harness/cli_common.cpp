@@ -32,6 +32,11 @@ Result<std::string> resolve_model_path(const std::string& requested) {
   return path;
 }
 
+Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, const LoadOptions& options) {
+  VC_ASSIGN_OR_RETURN(const std::string path, resolve_model_path(requested));
+  return LlamaModel::load(path, options);
+}
+
 Result<LoadOptions> parse_load_options(const std::string& device, const std::string& dtype) {
   LoadOptions options;
   try {

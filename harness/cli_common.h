@@ -30,6 +30,9 @@ std::string default_model_dir();
 // to run harness/setup.sh when the default is missing.
 Result<std::string> resolve_model_path(const std::string& requested);
 
+// resolve_model_path(requested), then LlamaModel::load with `options`.
+Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, const LoadOptions& options = {});
+
 // --device (cpu, cuda, cuda:N) and --dtype (float32, bfloat16, float16; "auto": float32 on the CPU,
 // bfloat16 on a GPU) as load options; InvalidArgument naming the bad value.
 Result<LoadOptions> parse_load_options(const std::string& device, const std::string& dtype);

@@ -4,7 +4,6 @@
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
-#include <chrono>
 #include <cstdio>
 #include <iostream>
 
@@ -48,9 +47,7 @@ int run_compress(int argc, char** argv) {
   if (!text.ok()) return report_usage_error("compress", text.status().message());
   set_threads(threads);
 
-  auto path = resolve_model_path(model_arg);
-  if (!path.ok()) return report_error(path.status());
-  auto model = LlamaModel::load(*path);
+  auto model = load_model(model_arg);
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
   std::string plugin_path;
@@ -64,28 +61,11 @@ int run_compress(int argc, char** argv) {
   auto pool = m.make_page_pool(16, m.config().n_layers * ((2 * n + 64) / 16 + 1));
   if (!pool.ok()) return report_error(pool.status());
   SequenceKv kv(m.config().n_layers);
-  std::vector<int32_t> positions(n);
-  for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(i);
-  // The prefill, every layer reported to the compressor (offline ones record what compress() needs).
-  ForwardItem item{*ids, positions, &kv, LogitRows::kNone};
-  at::Tensor logits;
-  const std::vector<double> ratios{ratio};
-  std::vector<LayerDrops> drops;
-  const auto prefill_start = std::chrono::steady_clock::now();
-  Status s = m.forward(std::span(&item, 1), *pool, &logits, compression_observer(**compressor, ratios, &drops));
-  const double prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
-  SequenceKv* caches[] = {&kv};
-  if (s.ok()) s = apply_drops((*compressor)->name(), *pool, caches, drops);
-  if (!s.ok()) return report_error(s);
-  const int64_t full_pages = m.config().n_layers * pool->spec().pages_for(n);  // what the full cache holds
-
-  CompressedKV compressed;
-  const auto start = std::chrono::steady_clock::now();
-  if ((*compressor)->mode() == CompressionMode::kOffline) {
-    s = compress_offline(m, *pool, **compressor, ratio, *ids, 0, kv, &compressed);
-    if (!s.ok()) return report_error(s);
+  CompressionTimes times;
+  if (Status s = prefill_and_compress(m, *pool, **compressor, ratio, *ids, 0, kv, nullptr, &times); !s.ok()) {
+    return report_error(s);
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t full_pages = m.config().n_layers * pool->spec().pages_for(n);  // what the full cache holds
   const int64_t resident_pages = kv.pages_held();
 
   std::vector<int64_t> kept_per_layer;
@@ -98,8 +78,8 @@ int run_compress(int argc, char** argv) {
   if (json) {
     nlohmann::json out{{"compressor", (*compressor)->name()}, {"path", plugin_path},   {"params", params},
                        {"ratio", ratio},                      {"prompt_tokens", n},    {"kept_per_layer", kept_per_layer},
-                       {"kept_fraction", kept_fraction},      {"compress_seconds", seconds},
-                       {"prefill_seconds", prefill_seconds},
+                       {"kept_fraction", kept_fraction},      {"compress_seconds", times.compress_seconds},
+                       {"prefill_seconds", times.prefill_seconds},
                        {"full_kv_bytes", full_pages * pool->page_bytes()},
                        {"resident_kv_bytes", resident_pages * pool->page_bytes()}};
     std::cout << out.dump() << "\n";
@@ -107,9 +87,9 @@ int run_compress(int argc, char** argv) {
     std::printf("%s (%s) at c = %.3f on %lld prompt tokens: kept %.3f of the cache\n", (*compressor)->name().c_str(),
                 plugin_path.c_str(), ratio, static_cast<long long>(n), kept_fraction);
     if ((*compressor)->mode() == CompressionMode::kOffline) {
-      std::printf("prefill %.3f s, then compress %.3f s\n", prefill_seconds, seconds);
+      std::printf("prefill %.3f s, then compress %.3f s\n", times.prefill_seconds, times.compress_seconds);
     } else {
-      std::printf("prefill %.3f s, evicting online during it\n", prefill_seconds);
+      std::printf("prefill %.3f s, evicting online during it\n", times.prefill_seconds);
     }
     std::printf("resident KV: %lld of %lld pages (%.1f of %.1f MiB)\n", static_cast<long long>(resident_pages),
                 static_cast<long long>(full_pages), resident_pages * pool->page_bytes() / 1048576.0,

@@ -154,9 +154,7 @@ int run_generate(int argc, char** argv) {
   }
   set_threads(o.threads);
 
-  auto path = resolve_model_path(o.model);
-  if (!path.ok()) return report_error(path.status());
-  auto model = LlamaModel::load(*path, *load_options);
+  auto model = load_model(o.model, *load_options);
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
   const Tokenizer& tok = m.tokenizer();
@@ -209,7 +207,7 @@ int run_generate(int argc, char** argv) {
   const double decode_tok_s = stats.decode_seconds > 0 ? stats.generated_tokens / stats.decode_seconds : 0;
   if (o.json) {
     nlohmann::json out;
-    out["model"] = *path;
+    out["model"] = m.path();
     out["prompt_tokens"] = static_cast<int64_t>(prompt.size());
     out["chat_template"] = !o.no_chat_template;
     auto describe_result = [&](size_t i) {

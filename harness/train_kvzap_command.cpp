@@ -92,9 +92,7 @@ int run_train_kvzap(int argc, char** argv) {
   if (!(lambda > 0)) return report_usage_error("train-kvzap", "--ridge must be > 0");
   set_threads(threads);
 
-  auto path = resolve_model_path(model_arg);
-  if (!path.ok()) return report_error(path.status());
-  auto model = LlamaModel::load(*path);
+  auto model = load_model(model_arg);
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
   const ModelShape shape = m.shape();

@@ -25,18 +25,7 @@ std::unique_ptr<CompressionRun> run_compression(const LlamaModel& model, Compres
   auto pool = model.make_page_pool(16, layers * ((2 * n + 2200) / 16 + 2));
   EXPECT_TRUE(pool.ok());
   auto run = std::make_unique<CompressionRun>(CompressionRun{std::move(*pool), SequenceKv(layers), {}, Status()});
-  std::vector<int32_t> positions(n);
-  for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(i);
-  ForwardItem item{ids, positions, &run->kv, LogitRows::kNone, 0};
-  at::Tensor logits;
-  const std::vector<double> ratios{ratio};
-  std::vector<LayerDrops> drops;
-  run->status = model.forward(std::span(&item, 1), run->pool, &logits, compression_observer(compressor, ratios, &drops));
-  SequenceKv* caches[] = {&run->kv};
-  if (run->status.ok()) run->status = apply_drops(compressor.name(), run->pool, caches, drops);
-  if (run->status.ok() && compressor.mode() == CompressionMode::kOffline) {
-    run->status = compress_offline(model, run->pool, compressor, ratio, ids, 0, run->kv, &run->compressed);
-  }
+  run->status = prefill_and_compress(model, run->pool, compressor, ratio, ids, 0, run->kv, &run->compressed);
   return run;
 }
 

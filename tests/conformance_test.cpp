@@ -68,11 +68,9 @@ std::vector<at::Tensor> decode(const LlamaModel& m, PagePool& pool, SequenceKv& 
     ForwardItem item{token, position, &kv, LogitRows::kLast, 0};
     at::Tensor logits;
     const std::vector<double> ratios{ratio};
-    std::vector<LayerDrops> drops;
-    Status s = online ? m.forward(std::span(&item, 1), pool, &logits, compression_observer(*online, ratios, &drops))
-                      : m.forward(std::span(&item, 1), pool, &logits);
     SequenceKv* caches[] = {&kv};
-    if (s.ok() && online) s = apply_drops(online->name(), pool, caches, drops);
+    const Status s = online ? forward_with_compressor(m, std::span(&item, 1), pool, &logits, *online, ratios, caches)
+                            : m.forward(std::span(&item, 1), pool, &logits);
     EXPECT_TRUE(s.ok()) << s.message();
     out.push_back(logits[0].clone());
   }

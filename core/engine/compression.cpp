@@ -1,5 +1,7 @@
 #include "engine/compression.h"
 
+#include <chrono>
+#include <numeric>
 #include <string>
 
 #include "engine/compressed_kv_check.h"
@@ -31,15 +33,47 @@ Status apply_drops(const std::string& compressor, PagePool& pool, std::span<Sequ
   return Status();
 }
 
+Status forward_with_compressor(const LlamaModel& model, std::span<const ForwardItem> batch, PagePool& pool,
+                               at::Tensor* logits, Compressor& compressor, std::span<const double> ratios,
+                               std::span<SequenceKv* const> caches) {
+  std::vector<LayerDrops> drops;
+  VC_RETURN_IF_ERROR(model.forward(batch, pool, logits, compression_observer(compressor, ratios, &drops)));
+  return apply_drops(compressor.name(), pool, caches, drops);
+}
+
 Status compress_offline(const LlamaModel& model, PagePool& pool, Compressor& compressor, double ratio,
                         std::span<const int32_t> prompt, int64_t request_id, SequenceKv& kv, CompressedKV* compressed) {
   CompressedKV local;
   CompressedKV& out = compressed != nullptr ? *compressed : local;
   LlamaModelAccess access(model, pool, kv, prompt, request_id);
-  VC_RETURN_IF_ERROR(compressor.compress(kv.view(pool), ratio, access, &out));
   const KvCacheView view = kv.view(pool);
+  VC_RETURN_IF_ERROR(compressor.compress(view, ratio, access, &out));
   VC_RETURN_IF_ERROR(check_compressed_kv(compressor.name(), out, view.layout, view.lengths));
   kv.compact(pool, out.kept);
+  return Status();
+}
+
+Status prefill_and_compress(const LlamaModel& model, PagePool& pool, Compressor& compressor, double ratio,
+                            std::span<const int32_t> prompt, int64_t request_id, SequenceKv& kv,
+                            CompressedKV* compressed, CompressionTimes* times) {
+  CompressionTimes local;
+  CompressionTimes& t = times != nullptr ? *times : local;
+  std::vector<int32_t> positions(prompt.size());
+  std::iota(positions.begin(), positions.end(), 0);
+  ForwardItem item{prompt, positions, &kv, LogitRows::kNone, request_id};
+  at::Tensor logits;
+  const std::vector<double> ratios{ratio};
+  // Drops name their cache by request id: only this one is known here.
+  std::vector<SequenceKv*> caches(request_id + 1, nullptr);
+  caches[request_id] = &kv;
+  auto start = std::chrono::steady_clock::now();
+  VC_RETURN_IF_ERROR(forward_with_compressor(model, std::span(&item, 1), pool, &logits, compressor, ratios, caches));
+  t.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (compressor.mode() == CompressionMode::kOffline) {
+    start = std::chrono::steady_clock::now();
+    VC_RETURN_IF_ERROR(compress_offline(model, pool, compressor, ratio, prompt, request_id, kv, compressed));
+    t.compress_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   return Status();
 }
 

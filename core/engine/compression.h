@@ -25,11 +25,28 @@ LayerObserver compression_observer(Compressor& compressor, std::span<const doubl
 Status apply_drops(const std::string& compressor, PagePool& pool, std::span<SequenceKv* const> caches,
                    const std::vector<LayerDrops>& drops);
 
+// One forward of `batch` with every layer handed to `compressor` (compression_observer) and the
+// drops it returns applied (apply_drops) once the forward is committed.
+Status forward_with_compressor(const LlamaModel& model, std::span<const ForwardItem> batch, PagePool& pool,
+                               at::Tensor* logits, Compressor& compressor, std::span<const double> ratios,
+                               std::span<SequenceKv* const> caches);
+
 // Offline compression of one request right after its prefill: compress() on the full cache at
 // kept fraction `ratio`, check_compressed_kv(), then compact the kept slots into pages and free
 // the rest. On failure the cache is left full and usable.
 Status compress_offline(const LlamaModel& model, PagePool& pool, Compressor& compressor, double ratio,
                         std::span<const int32_t> prompt, int64_t request_id, SequenceKv& kv,
                         CompressedKV* compressed = nullptr);
+
+struct CompressionTimes {
+  double prefill_seconds = 0;   // the prefill forward, the compressor's update() work included
+  double compress_seconds = 0;  // compress_offline(); 0 for an online compressor
+};
+// One request from an empty `kv`: prefills `prompt` in one forward (positions 0..n-1) with every
+// layer reported to the compressor and its drops applied, then compress_offline() for an offline
+// compressor. `compressed` and `times` are optional outputs.
+Status prefill_and_compress(const LlamaModel& model, PagePool& pool, Compressor& compressor, double ratio,
+                            std::span<const int32_t> prompt, int64_t request_id, SequenceKv& kv,
+                            CompressedKV* compressed = nullptr, CompressionTimes* times = nullptr);
 
 }  // namespace vericache

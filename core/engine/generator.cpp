@@ -90,9 +90,7 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
   auto run_forward = [&](const std::vector<ForwardItem>& batch, bool observe) -> Status {
     if (compressor == nullptr || !observe) return model_.forward(batch, pool_, &logits);
     ratios.assign(batch.size(), options_.ratio);
-    std::vector<LayerDrops> drops;
-    VC_RETURN_IF_ERROR(model_.forward(batch, pool_, &logits, compression_observer(*compressor, ratios, &drops)));
-    return apply_drops(compressor->name(), pool_, caches, drops);
+    return forward_with_compressor(model_, batch, pool_, &logits, *compressor, ratios, caches);
   };
 
   // Appends `token` to request i and decides whether it continues.

@@ -1,5 +1,5 @@
 // Helpers the bundled plugins share: JSON parameters with precise errors, the kept-count rule,
-// dense per-layer K/V from the paged view, and per-head top-k selection.
+// dense per-layer keys and values from the paged view, and per-head top-k selection.
 // Header-only (compiled into each plugin). Not part of the installed contract.
 #pragma once
 
@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <set>
 #include <string>
-#include <utility>
 
 #include <vericache/compressor.h>
 #include <vericache/kv_view.h>
@@ -110,32 +109,27 @@ inline int64_t kept_count(int64_t n, double ratio) {
   return std::clamp<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(n) * ratio + 1e-9)), 1, n);
 }
 
-// Keys and values of one layer as dense float32 CPU tensors [n_kv_heads, length, head_dim], in
+// Keys or values of one layer as a dense float32 CPU tensor [n_kv_heads, length, head_dim], in
 // slot order (a full cache: position order).
-inline std::pair<at::Tensor, at::Tensor> layer_kv(const KvCacheView& view, int64_t layer) {
+inline at::Tensor layer_pages(const KvCacheView& view, int64_t layer, bool keys) {
   const int64_t n = view.lengths[layer], ps = view.layout.page_size, hd = view.layout.head_dim;
   const int64_t nkv = view.layout.n_kv_heads;
   const auto& table = view.block_tables[layer];
-  const at::Tensor pages =
-      at::tensor(std::vector<int64_t>(table.begin(), table.end()), at::kLong).to(view.k_pages.device());
+  const at::Tensor& storage = keys ? view.k_pages : view.v_pages;
+  const at::Tensor pages = at::tensor(std::vector<int64_t>(table.begin(), table.end()), at::kLong).to(storage.device());
   const int64_t np = pages.size(0);
-  at::Tensor k = view.k_pages.index_select(0, pages).permute({1, 0, 3, 2}).reshape({nkv, np * ps, hd}).narrow(1, 0, n);
-  at::Tensor v = view.v_pages.index_select(0, pages).permute({1, 0, 2, 3}).reshape({nkv, np * ps, hd}).narrow(1, 0, n);
-  return {k.to(at::kCPU, at::kFloat).contiguous(), v.to(at::kCPU, at::kFloat).contiguous()};
+  // Keys are stored transposed within a page ([hd, ps]), values not ([ps, hd]).
+  const at::Tensor slots = keys ? storage.index_select(0, pages).permute({1, 0, 3, 2})
+                                : storage.index_select(0, pages).permute({1, 0, 2, 3});
+  return slots.reshape({nkv, np * ps, hd}).narrow(1, 0, n).to(at::kCPU, at::kFloat).contiguous();
 }
+inline at::Tensor layer_keys(const KvCacheView& view, int64_t layer) { return layer_pages(view, layer, true); }
+inline at::Tensor layer_values(const KvCacheView& view, int64_t layer) { return layer_pages(view, layer, false); }
 
 // The k highest-scoring positions of every row of `scores` [n_kv_heads, n], sorted increasing
 // (the contract's order; top-k order is irrelevant to attention).
 inline at::Tensor top_k_sorted(const at::Tensor& scores, int64_t k) {
   return std::get<0>(at::sort(std::get<1>(at::topk(scores, k, /*dim=*/1)), /*dim=*/1)).contiguous();
-}
-
-// Rows [begin, end) of `request_id` in a batch's activations; begin == end when it is not there.
-inline std::pair<int64_t, int64_t> rows_of(const LayerActivations& acts, int64_t request_id) {
-  for (size_t i = 0; i < acts.request_ids.size(); ++i) {
-    if (acts.request_ids[i] == request_id) return {acts.row_offsets[i], acts.row_offsets[i + 1]};
-  }
-  return {0, 0};
 }
 
 }  // namespace vericache::plugin

@@ -102,9 +102,8 @@ class ExpectedAttention : public CompressorBase {
       const at::Tensor mu = at::matmul(wq64, mean_x).view({nh, hd});                        // pre-RoPE mean per head
       const at::Tensor rmu = at::matmul(mu, avg_rotation.t()).to(at::kFloat);              // [nh, hd]
 
-      auto [keys, values] = layer_kv(full_kv, l);
-      keys = keys.narrow(1, o_.n_sink, n - o_.n_sink);                                     // [nkv, m, hd]
-      values = values.narrow(1, o_.n_sink, n - o_.n_sink);
+      const at::Tensor keys = layer_keys(full_kv, l).narrow(1, o_.n_sink, n - o_.n_sink);  // [nkv, m, hd]
+      const at::Tensor values = layer_values(full_kv, l).narrow(1, o_.n_sink, n - o_.n_sink);
       const at::Tensor keys_g = keys.repeat_interleave(group, 0);                          // [nh, m, hd]
       at::Tensor z = at::matmul(keys_g, rmu.unsqueeze(2)).squeeze(2) / std::sqrt(static_cast<double>(hd));
       if (o_.use_covariance) {

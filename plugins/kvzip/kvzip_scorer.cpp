@@ -13,8 +13,8 @@ namespace vericache::kvzip {
 namespace {
 
 // The pass tokens for chunk [begin, end) (chunk index `index`).
-std::vector<int32_t> repeat_prompt(ModelAccess& model, std::span<const int32_t> prompt, int64_t index, int64_t begin,
-                                   int64_t end, int64_t previous_begin) {
+std::vector<int32_t> repeat_prompt(ModelAccess& model, std::span<const int32_t> prompt, const std::vector<int32_t>& header,
+                                   int64_t index, int64_t begin, int64_t end, int64_t previous_begin) {
   std::vector<int32_t> ids;
   if (index == 0) {
     ids = model.tokenize("\n\nRepeat the previous context exactly.");
@@ -23,7 +23,6 @@ std::vector<int32_t> repeat_prompt(ModelAccess& model, std::span<const int32_t> 
     const int64_t from = std::max(previous_begin, begin - 8);
     ids.insert(ids.end(), prompt.begin() + from, prompt.begin() + begin);
   }
-  const std::vector<int32_t> header = model.tokenize(model.assistant_header());
   ids.insert(ids.end(), header.begin(), header.end());
   ids.insert(ids.end(), prompt.begin() + begin, prompt.begin() + end);
   return ids;
@@ -50,10 +49,11 @@ Status score_context(const KvCacheView& full_kv, ModelAccess& model, const Scori
       wo[l] = w.view({w.size(0), shape.n_heads, hd}).permute({1, 0, 2}).contiguous();  // [n_heads, d_model, hd]
     }
   }
+  const std::vector<int32_t> header = model.tokenize(model.assistant_header());
   int64_t previous_begin = start;
   for (int64_t begin = start, index = 0; begin < n; begin += options.chunk_size, ++index) {
     const int64_t end = std::min(n, begin + options.chunk_size), len = end - begin;
-    const std::vector<int32_t> ids = repeat_prompt(model, prompt, index, begin, end, previous_begin);
+    const std::vector<int32_t> ids = repeat_prompt(model, prompt, header, index, begin, end, previous_begin);
     previous_begin = begin;
     const auto m = static_cast<int64_t>(ids.size());
     if (n + m > shape.context_length) {
@@ -67,7 +67,7 @@ Status score_context(const KvCacheView& full_kv, ModelAccess& model, const Scori
     const at::Tensor causal = at::arange(m, at::kLong).unsqueeze(0) > at::arange(m, at::kLong).unsqueeze(1);  // [m, m]
     auto observe = [&](const LayerActivations& acts) -> Status {
       const int64_t l = acts.layer;
-      const auto [keys, values] = plugin::layer_kv(full_kv, l);  // [nkv, n, hd]
+      const at::Tensor keys = plugin::layer_keys(full_kv, l);  // [nkv, n, hd]
       const at::Tensor pass_k = acts.k.to(at::kCPU, at::kFloat).permute({1, 0, 2});  // [nkv, m, hd]
       const at::Tensor sub = at::cat({keys.narrow(1, 0, sink), keys.narrow(1, begin, len), pass_k}, 1);
       // Query heads of one KV head stacked: one batched GEMM per KV head, no broadcast copies.
@@ -77,7 +77,7 @@ Status score_context(const KvCacheView& full_kv, ModelAccess& model, const Scori
       at::Tensor attn = at::softmax(logits, -1).narrow(3, sink, len);  // [nkv, g, m, len]
       if (options.plus) {
         const at::Tensor x_norm = acts.hidden.to(at::kCPU, at::kFloat).norm(2, -1);  // [m]
-        const at::Tensor v = values.narrow(1, begin, len).repeat_interleave(group, 0);  // [n_heads, len, hd]
+        const at::Tensor v = plugin::layer_values(full_kv, l).narrow(1, begin, len).repeat_interleave(group, 0);  // [n_heads, len, hd]
         const at::Tensor wov = at::matmul(v, wo[l].transpose(1, 2)).norm(2, -1).view({nkv, group, 1, len});
         attn = attn / x_norm.view({1, 1, m, 1}) * wov;
       }

@@ -57,7 +57,7 @@ class SnapKv : public CompressorBase {
     for (int64_t l = 0; l < shape.n_layers; ++l) {
       const at::Tensor& q = found->second[l];  // [window, n_heads, hd]
       if (q.size(0) != window_) return Status::internal("fewer window queries recorded than the window size");
-      const at::Tensor keys = layer_kv(full_kv, l).first;                                 // [nkv, n, hd]
+      const at::Tensor keys = layer_keys(full_kv, l);                                     // [nkv, n, hd]
       const at::Tensor qh = q.permute({1, 0, 2}).reshape({nkv, group * window_, hd});    // grouped by KV head
       at::Tensor logits = at::matmul(qh, keys.transpose(1, 2)).view({nkv, group, window_, n}) / std::sqrt(static_cast<double>(hd));
       // Window row r (position prefix + r) sees keys up to its own position.
