@@ -16,6 +16,7 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
+    {"run", vericache::cli::run_run, "lossless decoding: draft on a compressed KV cache, verify on the full one"},
     {"generate", vericache::cli::run_generate, "generate text with full-KV decoding on a GGUF model"},
     {"bench", vericache::cli::run_bench, "prefill and decode tokens/s over context lengths and batch sizes"},
     {"plugins", vericache::cli::run_plugins, "list the compressor plugins found, with their descriptors"},

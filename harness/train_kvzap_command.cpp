@@ -135,9 +135,9 @@ int run_train_kvzap(int argc, char** argv) {
     std::vector<int32_t> positions(n);
     for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(i);
     std::vector<at::Tensor> inputs(shape.n_layers);  // the passage tokens' attention inputs
-    ForwardItem item{ids, positions, &kv, LogitRows::kNone};
+    ForwardItem item{ids, positions, &kv, &*pool, LogitRows::kNone};
     at::Tensor logits;
-    Status s = m.forward(std::span(&item, 1), *pool, &logits, [&](const LayerActivations& acts) {
+    Status s = m.forward(std::span(&item, 1), &logits, [&](const LayerActivations& acts) {
       inputs[acts.layer] = acts.hidden.narrow(0, prefix_len, passage_tokens).to(at::kCPU, at::kFloat).clone();
       return Status();
     });

@@ -3,11 +3,36 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
 #include "engine/compression.h"
 #include "loader/plugin_loader.h"
 #include "test_support.h"
 
 namespace vericache::testing {
+
+const std::string& kvzap_weights() {
+  static const std::string path = [] {
+    const std::string out =
+        std::filesystem::temp_directory_path() / ("vericache_tests_kvzap_" + std::to_string(getpid()) + ".json");
+    const std::string command = std::string(VC_BINARY) + " train-kvzap --passages 4 --passage-tokens 128 --out " + out + " > /dev/null 2>&1";
+    EXPECT_EQ(std::system(command.c_str()), 0) << command;
+    static const struct RemoveAtExit {
+      std::string file;
+      ~RemoveAtExit() { std::filesystem::remove(file); }
+    } cleanup{out};
+    return out;
+  }();
+  return path;
+}
+
+std::string params_for(const std::string& plugin) {
+  if (plugin == "kvzap") return R"({"weights": ")" + kvzap_weights() + R"(", "window": )" + std::to_string(kKvzapWindow) + "}";
+  return "{}";
+}
 
 std::shared_ptr<Compressor> bundled_compressor(const std::string& name, const std::string& params, const LlamaModel& model) {
   auto loaded = load_compressor(std::string(VC_PLUGIN_DIR) + "/vc_plugin_" + name + ".so", params);

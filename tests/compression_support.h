@@ -14,6 +14,14 @@
 
 namespace vericache::testing {
 
+// KVzap's window in the tests: small, so short prompts are compressed too.
+constexpr int64_t kKvzapWindow = 16;
+// Surrogate weights for KVzap, trained once per test process by the real `vericache train-kvzap`
+// (small: 4 passages of 128 tokens) into a temporary file removed at exit.
+const std::string& kvzap_weights();
+// The parameters the tests run a bundled plugin with ("{}", or KVzap's weights and window).
+std::string params_for(const std::string& plugin);
+
 // A bundled plugin from build/plugins, created with `params` and attached to `model`; fails the
 // test (and returns nullptr) when that does not work.
 std::shared_ptr<Compressor> bundled_compressor(const std::string& name, const std::string& params, const LlamaModel& model);

@@ -26,28 +26,8 @@ namespace {
 
 using testing::CompressionRun;
 
-constexpr int64_t kKvzapWindow = 16;
-
-// KVzap needs surrogate weights: trained once per test process, small, by the real command.
-const std::string& kvzap_weights() {
-  static const std::string path = [] {
-    const std::string out =
-        std::filesystem::temp_directory_path() / ("vericache_tests_kvzap_" + std::to_string(getpid()) + ".json");
-    const std::string command = std::string(VC_BINARY) + " train-kvzap --passages 4 --passage-tokens 128 --out " + out + " > /dev/null 2>&1";
-    EXPECT_EQ(std::system(command.c_str()), 0) << command;
-    static const struct RemoveAtExit {
-      std::string file;
-      ~RemoveAtExit() { std::filesystem::remove(file); }
-    } cleanup{out};
-    return out;
-  }();
-  return path;
-}
-
-std::string params_for(const std::string& plugin) {
-  if (plugin == "kvzap") return R"({"weights": ")" + kvzap_weights() + R"(", "window": )" + std::to_string(kKvzapWindow) + "}";
-  return "{}";
-}
+using testing::kKvzapWindow;
+using testing::params_for;
 
 struct Case {
   std::string plugin;
@@ -65,12 +45,12 @@ std::vector<at::Tensor> decode(const LlamaModel& m, PagePool& pool, SequenceKv& 
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const std::vector<int32_t> token{tokens[i]}, position{static_cast<int32_t>(start + i)};
-    ForwardItem item{token, position, &kv, LogitRows::kLast, 0};
+    ForwardItem item{token, position, &kv, &pool, LogitRows::kLast, 0};
     at::Tensor logits;
     const std::vector<double> ratios{ratio};
     SequenceKv* caches[] = {&kv};
     const Status s = online ? forward_with_compressor(m, std::span(&item, 1), pool, &logits, *online, ratios, caches)
-                            : m.forward(std::span(&item, 1), pool, &logits);
+                            : m.forward(std::span(&item, 1), &logits);
     EXPECT_TRUE(s.ok()) << s.message();
     out.push_back(logits[0].clone());
   }
@@ -81,9 +61,9 @@ std::vector<at::Tensor> decode(const LlamaModel& m, PagePool& pool, SequenceKv& 
 at::Tensor prefill_full(const LlamaModel& m, const std::vector<int32_t>& ids, PagePool& pool, SequenceKv& kv) {
   std::vector<int32_t> positions(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) positions[i] = static_cast<int32_t>(i);
-  ForwardItem prefill{ids, positions, &kv, LogitRows::kLast, 0};
+  ForwardItem prefill{ids, positions, &kv, &pool, LogitRows::kLast, 0};
   at::Tensor logits;
-  const Status s = m.forward(std::span(&prefill, 1), pool, &logits);
+  const Status s = m.forward(std::span(&prefill, 1), &logits);
   EXPECT_TRUE(s.ok()) << s.message();
   return logits[0];
 }

@@ -33,9 +33,9 @@ std::vector<int32_t> iota_positions(int64_t from, int64_t n) {
 // Runs `tokens` as one forward appended to `kv`, returning all rows' logits.
 at::Tensor run(const LlamaModel& m, PagePool& pool, SequenceKv& kv, std::span<const int32_t> tokens) {
   const std::vector<int32_t> pos = iota_positions(kv.length(0), static_cast<int64_t>(tokens.size()));
-  ForwardItem item{tokens, pos, &kv, LogitRows::kAll};
+  ForwardItem item{tokens, pos, &kv, &pool, LogitRows::kAll};
   at::Tensor logits;
-  Status s = m.forward(std::span<const ForwardItem>(&item, 1), pool, &logits);
+  Status s = m.forward(std::span<const ForwardItem>(&item, 1), &logits);
   EXPECT_TRUE(s.ok()) << s.message();
   return logits;
 }
@@ -106,10 +106,10 @@ TEST(ForwardInvariance, IndependentOfTheRestOfTheBatch) {
     std::vector<ForwardItem> items;
     for (int i = 0; i < batch_size; ++i) {
       positions[i] = iota_positions(cached[i], fresh[i]);
-      items.push_back({std::span(tokens[i]).subspan(cached[i], fresh[i]), positions[i], &shared[i], LogitRows::kAll});
+      items.push_back({std::span(tokens[i]).subspan(cached[i], fresh[i]), positions[i], &shared[i], &*pool, LogitRows::kAll});
     }
     at::Tensor together;
-    ASSERT_TRUE(m->forward(items, *pool, &together).ok());
+    ASSERT_TRUE(m->forward(items, &together).ok());
     int64_t row = 0;
     for (int i = 0; i < batch_size; ++i) {
       const at::Tensor alone = run(*m, *pool, solo[i], std::span(tokens[i]).subspan(cached[i], fresh[i]));
@@ -181,9 +181,9 @@ TEST(ForwardTorchPath, AgreesWithTheCpuKernels) {
     run(m, *pool, kb, std::span(b).first(40));
     // A batch mixing a 10-token window and a 5-token window over caches of different lengths.
     const std::vector<int32_t> pa = iota_positions(290, 10), pb = iota_positions(40, 5);
-    std::vector<ForwardItem> items{{std::span(a).subspan(290), pa, &ka, LogitRows::kAll},
-                                   {std::span(b).subspan(40), pb, &kb, LogitRows::kAll}};
-    ASSERT_TRUE(m.forward(items, *pool, &results[path]).ok());
+    std::vector<ForwardItem> items{{std::span(a).subspan(290), pa, &ka, &*pool, LogitRows::kAll},
+                                   {std::span(b).subspan(40), pb, &kb, &*pool, LogitRows::kAll}};
+    ASSERT_TRUE(m.forward(items, &results[path]).ok());
     ka.release(*pool);
     kb.release(*pool);
   }
@@ -199,23 +199,23 @@ TEST(ForwardErrors, BadInputChangesNothing) {
   SequenceKv kv(m->config().n_layers);
   const std::vector<int32_t> bad_token{5, 49152};
   const std::vector<int32_t> two_positions{0, 1};
-  ForwardItem item{bad_token, two_positions, &kv, LogitRows::kLast};
+  ForwardItem item{bad_token, two_positions, &kv, &*pool, LogitRows::kLast};
   at::Tensor logits;
-  EXPECT_EQ(m->forward(std::span(&item, 1), *pool, &logits).message(),
+  EXPECT_EQ(m->forward(std::span(&item, 1), &logits).message(),
             "forward: request 0: token id 49152 is outside the vocabulary [0, 49152)");
   const std::vector<int32_t> tokens{5, 6};
   const std::vector<int32_t> far{0, 8192};
-  item = {tokens, far, &kv, LogitRows::kLast};
-  EXPECT_EQ(m->forward(std::span(&item, 1), *pool, &logits).message(),
+  item = {tokens, far, &kv, &*pool, LogitRows::kLast};
+  EXPECT_EQ(m->forward(std::span(&item, 1), &logits).message(),
             "forward: request 0: position 8192 is outside the model's context of 8192 tokens");
   const std::vector<int32_t> one_position{0};
-  item = {tokens, one_position, &kv, LogitRows::kLast};
-  EXPECT_EQ(m->forward(std::span(&item, 1), *pool, &logits).message(), "forward: request 0: 2 tokens but 1 positions");
+  item = {tokens, one_position, &kv, &*pool, LogitRows::kLast};
+  EXPECT_EQ(m->forward(std::span(&item, 1), &logits).message(), "forward: request 0: 2 tokens but 1 positions");
   // 17 tokens need 2 pages of 16 slots in each of 30 layers; the pool has 40.
   const std::vector<int32_t> many(17, 5);
   const std::vector<int32_t> many_pos = iota_positions(0, 17);
-  item = {many, many_pos, &kv, LogitRows::kLast};
-  Status s = m->forward(std::span(&item, 1), *pool, &logits);
+  item = {many, many_pos, &kv, &*pool, LogitRows::kLast};
+  Status s = m->forward(std::span(&item, 1), &logits);
   EXPECT_EQ(s.code(), StatusCode::kOutOfPages);
   EXPECT_EQ(s.message(), "KV page pool exhausted: the batch needs 60 pages, 40 of 40 free");
   EXPECT_EQ(kv.length(0), 0);

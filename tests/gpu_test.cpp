@@ -102,10 +102,10 @@ TEST(GpuModel, Float32ForwardMatchesCpuKernels) {
     SequenceKv kv(m.config().n_layers);
     std::vector<int32_t> pos(300);
     for (int i = 0; i < 300; ++i) pos[i] = i;
-    ForwardItem prefix{std::span(tokens).first(290), std::span(pos).first(290), &kv, LogitRows::kNone};
-    ASSERT_TRUE(m.forward(std::span(&prefix, 1), *pool, &logits[k]).ok());
-    ForwardItem window{std::span(tokens).subspan(290, 10), std::span(pos).subspan(290, 10), &kv, LogitRows::kAll};
-    ASSERT_TRUE(m.forward(std::span(&window, 1), *pool, &logits[k]).ok());
+    ForwardItem prefix{std::span(tokens).first(290), std::span(pos).first(290), &kv, &*pool, LogitRows::kNone};
+    ASSERT_TRUE(m.forward(std::span(&prefix, 1), &logits[k]).ok());
+    ForwardItem window{std::span(tokens).subspan(290, 10), std::span(pos).subspan(290, 10), &kv, &*pool, LogitRows::kAll};
+    ASSERT_TRUE(m.forward(std::span(&window, 1), &logits[k]).ok());
     kv.release(*pool);
   }
   EXPECT_LT((logits[0] - logits[1]).abs().max().item<float>(), 2e-3);

@@ -164,5 +164,99 @@ TEST(SequenceKv, DropRemovesPositionsPerHead) {
   kv.release(*pool);
 }
 
+TEST(PagePool, ResidentAndTransientPagesHaveSeparateBudgets) {
+  auto pool = PagePool::create(spec(), PagePoolOptions{4, 3, at::kFloat, at::kCPU, false});
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->num_pages(), 7);
+  EXPECT_EQ(pool->num_pages(PageKind::kResident), 4);
+  EXPECT_EQ(pool->num_pages(PageKind::kTransient), 3);
+  std::vector<int32_t> transient, resident;
+  ASSERT_TRUE(pool->allocate(3, &transient, PageKind::kTransient).ok());
+  for (int32_t p : transient) EXPECT_EQ(pool->kind_of(p), PageKind::kTransient);
+  // Transient pages running out leaves the resident budget untouched, and the other way round.
+  EXPECT_EQ(pool->allocate(1, &transient, PageKind::kTransient).message(),
+            "KV page pool (transient pages) exhausted: 1 pages needed, 0 of 3 free");
+  ASSERT_TRUE(pool->allocate(4, &resident).ok());
+  EXPECT_EQ(pool->allocate(1, &resident).message(), "KV page pool (resident pages) exhausted: 1 pages needed, 0 of 4 free");
+  pool->release(transient);
+  EXPECT_EQ(pool->num_free(PageKind::kTransient), 3);
+  EXPECT_EQ(pool->num_free(PageKind::kResident), 0);
+  pool->release(resident);
+  EXPECT_EQ(pool->num_free(PageKind::kResident), 4);
+
+  // A cache of transient pages takes only transient pages.
+  SequenceKv staged(3, PageKind::kTransient);
+  EXPECT_EQ(staged.reserve(*pool, 20).message(), "KV page pool (transient pages) exhausted: 6 pages needed, 3 of 3 free");
+  ASSERT_TRUE(staged.reserve(*pool, 16).ok());
+  EXPECT_EQ(pool->num_free(PageKind::kTransient), 0);
+  EXPECT_EQ(pool->num_free(PageKind::kResident), 4);
+  staged.release(*pool);
+}
+
+// Builds a compressed cache from a full one in another pool (another page size), then carries
+// more full-cache slots over and rolls back by position: the path of one verify window.
+TEST(SequenceKv, AssignKeptAppendRangeAndPositionRollbackAcrossPools) {
+  auto host = PagePool::create(spec(), 40, at::kFloat, at::kCPU);
+  KvPageSpec small = spec();
+  small.page_size = 32;
+  auto device = PagePool::create(small, 20, at::kFloat, at::kCPU);
+  ASSERT_TRUE(host.ok() && device.ok());
+  SequenceKv full(3);
+  ASSERT_TRUE(full.reserve(*host, 40).ok());
+  full.advance(40);
+  fill_slots(*host, full);
+  std::vector<at::Tensor> kept{at::tensor({0, 5, 30, 2, 5, 39}, at::kLong).view({2, 3}),
+                               at::arange(0, 40, 4, at::kLong).repeat({2, 1}),
+                               at::arange(40, at::kLong).repeat({2, 1})};
+  SequenceKv comp(3);
+  ASSERT_TRUE(comp.assign_kept(*device, full, *host, kept).ok());
+  EXPECT_TRUE(comp.compressed());
+  EXPECT_EQ(comp.lengths(), (std::vector<int64_t>{3, 10, 40}));
+  EXPECT_EQ(comp.pages_held(), 1 + 1 + 2);
+  for (int64_t l = 0; l < 3; ++l) {
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t s = 0; s < comp.length(l); ++s) {
+        const int64_t p = kept[l][h][s].item<int64_t>();
+        EXPECT_EQ(comp.position(l, h, s), p);
+        EXPECT_FLOAT_EQ(key_at(*device, comp, l, h, s, 7), 1000.0f * l + p + 0.07f + 0.5f * h);
+        EXPECT_FLOAT_EQ(value_at(*device, comp, l, h, s, 1), -(1000.0f * l + p) - 0.01f - 0.5f * h);
+      }
+    }
+  }
+  // Two drafted tokens (positions 40, 41) appended to both caches, then a verify keeps 40 only.
+  ASSERT_TRUE(full.reserve(*host, 2).ok());
+  full.advance(2);
+  fill_slots(*host, full);
+  ASSERT_TRUE(comp.append_range(*device, full, *host, 40, 2).ok());
+  EXPECT_EQ(comp.slot_positions(0, 1), (std::vector<int64_t>{2, 5, 39, 40, 41}));
+  EXPECT_FLOAT_EQ(key_at(*device, comp, 1, 1, 11, 0), 1041.5f);
+  comp.truncate_positions(*device, 41);
+  full.truncate_positions(*host, 41);
+  EXPECT_EQ(comp.lengths(), (std::vector<int64_t>{4, 11, 41}));
+  EXPECT_EQ(full.lengths(), (std::vector<int64_t>{41, 41, 41}));
+  EXPECT_EQ(comp.slot_positions(2, 0).back(), 40);
+  comp.truncate_positions(*device, 40);  // back to the kept set (heads differ below it)
+  EXPECT_EQ(comp.slot_positions(0, 0), (std::vector<int64_t>{0, 5, 30}));
+  EXPECT_EQ(comp.length(2), 40);
+  // A full cache continues only where it ends.
+  SequenceKv copy(3);
+  ASSERT_TRUE(copy.append_range(*device, full, *host, 0, 41).ok());
+  EXPECT_FALSE(copy.compressed());
+  EXPECT_FLOAT_EQ(value_at(*device, copy, 2, 0, 40, 0), -2040.0f);
+  // Out of pages: nothing changes.
+  std::vector<int32_t> hog;  // leave 5 pages: one short of another 41-slot copy
+  ASSERT_TRUE(device->allocate(device->num_free() - 5, &hog).ok());
+  SequenceKv big(3);
+  EXPECT_EQ(big.append_range(*device, full, *host, 0, 41).code(), StatusCode::kOutOfPages);
+  EXPECT_EQ(big.pages_held(), 0);
+  EXPECT_EQ(device->num_free(), 5);
+  device->release(hog);
+  comp.release(*device);
+  copy.release(*device);
+  full.release(*host);
+  EXPECT_EQ(device->num_free(), 20);
+  EXPECT_EQ(host->num_free(), 40);
+}
+
 }  // namespace
 }  // namespace vericache

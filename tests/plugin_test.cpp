@@ -116,9 +116,9 @@ TEST(PluginRuntime, StreamingLlmCompressesARealCache) {
   SequenceKv kv(m->config().n_layers);
   std::vector<int32_t> pos(prompt.size());
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
-  ForwardItem item{prompt, pos, &kv, LogitRows::kNone};
+  ForwardItem item{prompt, pos, &kv, &*pool, LogitRows::kNone};
   at::Tensor logits;
-  ASSERT_TRUE(m->forward(std::span(&item, 1), *pool, &logits).ok());
+  ASSERT_TRUE(m->forward(std::span(&item, 1), &logits).ok());
   LlamaModelAccess access(*m, *pool, kv, prompt, 0);
   CompressedKV out;
   const Status s = compressor->compress(kv.view(*pool), 0.5, access, &out);
@@ -146,9 +146,9 @@ TEST(PluginRuntime, RunWithoutKeepingRollsBack) {
   std::vector<int32_t> pos(prompt.size());
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
   SequenceKv kv(m->config().n_layers);
-  ForwardItem item{prompt, pos, &kv, LogitRows::kNone};
+  ForwardItem item{prompt, pos, &kv, &*pool, LogitRows::kNone};
   at::Tensor logits;
-  ASSERT_TRUE(m->forward(std::span(&item, 1), *pool, &logits).ok());
+  ASSERT_TRUE(m->forward(std::span(&item, 1), &logits).ok());
   const int64_t pages_before = pool->num_free();
   LlamaModelAccess access(*m, *pool, kv, prompt, 7);
   const std::vector<int32_t> extra(40, prompt[0]);

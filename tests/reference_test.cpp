@@ -47,8 +47,8 @@ TEST(Reference, LogitsAndGreedyContinuationsMatchTransformers) {
       const size_t n = std::min<size_t>(512, ids.size() - start);
       std::vector<int32_t> pos(n);
       for (size_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(start + i);
-      ForwardItem item{std::span(ids).subspan(start, n), pos, &kv, LogitRows::kLast};
-      ASSERT_TRUE(m->forward(std::span(&item, 1), *pool, &logits).ok());
+      ForwardItem item{std::span(ids).subspan(start, n), pos, &kv, &*pool, LogitRows::kLast};
+      ASSERT_TRUE(m->forward(std::span(&item, 1), &logits).ok());
     }
     kv.release(*pool);
     const float* ours = logits.data_ptr<float>();

@@ -37,7 +37,7 @@ Status forward_with_compressor(const LlamaModel& model, std::span<const ForwardI
                                at::Tensor* logits, Compressor& compressor, std::span<const double> ratios,
                                std::span<SequenceKv* const> caches) {
   std::vector<LayerDrops> drops;
-  VC_RETURN_IF_ERROR(model.forward(batch, pool, logits, compression_observer(compressor, ratios, &drops)));
+  VC_RETURN_IF_ERROR(model.forward(batch, logits, compression_observer(compressor, ratios, &drops)));
   return apply_drops(compressor.name(), pool, caches, drops);
 }
 
@@ -60,7 +60,7 @@ Status prefill_and_compress(const LlamaModel& model, PagePool& pool, Compressor&
   CompressionTimes& t = times != nullptr ? *times : local;
   std::vector<int32_t> positions(prompt.size());
   std::iota(positions.begin(), positions.end(), 0);
-  ForwardItem item{prompt, positions, &kv, LogitRows::kNone, request_id};
+  ForwardItem item{prompt, positions, &kv, &pool, LogitRows::kNone, request_id};
   at::Tensor logits;
   const std::vector<double> ratios{ratio};
   // Drops name their cache by request id: only this one is known here.

@@ -88,7 +88,7 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
   std::vector<double> ratios;
   at::Tensor logits;
   auto run_forward = [&](const std::vector<ForwardItem>& batch, bool observe) -> Status {
-    if (compressor == nullptr || !observe) return model_.forward(batch, pool_, &logits);
+    if (compressor == nullptr || !observe) return model_.forward(batch, &logits);
     ratios.assign(batch.size(), options_.ratio);
     return forward_with_compressor(model_, batch, pool_, &logits, *compressor, ratios, caches);
   };
@@ -134,7 +134,7 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
       s.positions.resize(take);
       std::iota(s.positions.begin(), s.positions.end(), static_cast<int32_t>(s.prefilled));
       const bool last = s.prefilled + take == n;
-      batch.push_back({std::span<const int32_t>(requests[i].prompt).subspan(s.prefilled, take), s.positions, &s.kv,
+      batch.push_back({std::span<const int32_t>(requests[i].prompt).subspan(s.prefilled, take), s.positions, &s.kv, &pool_,
                        last ? LogitRows::kLast : LogitRows::kNone, static_cast<int64_t>(i)});
       if (last) finishing.push_back(i);
       s.prefilled += take;
@@ -168,7 +168,7 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
       RequestState& s = state[i];
       if (s.done) continue;
       s.positions = {static_cast<int32_t>(s.next_position++)};
-      batch.push_back({s.step_token, s.positions, &s.kv, LogitRows::kLast, static_cast<int64_t>(i)});
+      batch.push_back({s.step_token, s.positions, &s.kv, &pool_, LogitRows::kLast, static_cast<int64_t>(i)});
       active.push_back(i);
     }
     if (batch.empty()) break;

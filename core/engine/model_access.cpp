@@ -7,7 +7,7 @@ namespace vericache {
 Status LlamaModelAccess::run_without_keeping(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                                              const std::function<Status(const LayerActivations&)>& observe) {
   const std::vector<int64_t> before = kv_.lengths();
-  ForwardItem item{tokens, positions, &kv_, LogitRows::kNone, request_id_};
+  ForwardItem item{tokens, positions, &kv_, &pool_, LogitRows::kNone, request_id_};
   at::Tensor logits;
   // The observer is plugin code: what it throws becomes its error, and the rollback still runs.
   auto guarded = [&](const LayerActivations& acts) -> Status {
@@ -18,7 +18,7 @@ Status LlamaModelAccess::run_without_keeping(std::span<const int32_t> tokens, st
       return Status::plugin_error("run_without_keeping observer: " + what.substr(0, what.find('\n')));
     }
   };
-  const Status status = model_.forward(std::span<const ForwardItem>(&item, 1), pool_, &logits, guarded);
+  const Status status = model_.forward(std::span<const ForwardItem>(&item, 1), &logits, guarded);
   kv_.truncate(pool_, before);  // the rollback: the extra tokens' K/V and pages are gone
   return status;
 }

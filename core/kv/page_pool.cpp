@@ -5,30 +5,46 @@
 
 #include "util/check.h"
 
+#if VC_WITH_CUDA
+#include <ATen/Context.h>
+#endif
+
 namespace vericache {
 
+const char* page_kind_name(PageKind kind) { return kind == PageKind::kResident ? "resident" : "transient"; }
+
 Result<PagePool> PagePool::create(const KvPageSpec& spec, int64_t num_pages, at::ScalarType dtype, at::Device device) {
+  return create(spec, PagePoolOptions{num_pages, 0, dtype, device, false});
+}
+
+Result<PagePool> PagePool::create(const KvPageSpec& spec, const PagePoolOptions& o) {
   if (spec.page_size <= 0 || spec.page_size % 16 != 0) {
     return Status::invalid_argument("KV page size must be a positive multiple of 16, got " +
                                     std::to_string(spec.page_size));
   }
-  if (num_pages <= 0 || num_pages > (int64_t{1} << 31) - 1) {
+  const int64_t num_pages = o.resident_pages + o.transient_pages;
+  if (o.resident_pages < 0 || o.transient_pages < 0 || num_pages <= 0 || num_pages > (int64_t{1} << 31) - 1) {
     return Status::invalid_argument("KV page count must be between 1 and 2^31-1, got " + std::to_string(num_pages));
   }
   PagePool pool;
   pool.spec_ = spec;
-  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  pool.resident_ = o.resident_pages;
+  auto options = at::TensorOptions().dtype(o.dtype).device(o.device);
+#if VC_WITH_CUDA
+  if (o.pinned && o.device.is_cpu() && at::hasCUDA()) options = options.pinned_memory(true);
+#endif
   try {
     pool.k_pages_ = at::empty({num_pages, spec.n_kv_heads, spec.head_dim, spec.page_size}, options);
     pool.v_pages_ = at::empty({num_pages, spec.n_kv_heads, spec.page_size, spec.head_dim}, options);
   } catch (const c10::Error& e) {
     return Status::out_of_pages("cannot allocate " + std::to_string(num_pages) + " KV pages (" +
-                                std::to_string(num_pages * pool.page_bytes()) + " bytes) on " + device.str() +
+                                std::to_string(num_pages * pool.page_bytes()) + " bytes) on " + o.device.str() +
                                 ": " + e.what_without_backtrace());
   }
   pool.in_use_.assign(num_pages, false);
-  pool.free_.reserve(num_pages);
-  for (int64_t p = num_pages - 1; p >= 0; --p) pool.free_.push_back(static_cast<int32_t>(p));
+  for (int64_t p = num_pages - 1; p >= 0; --p) {
+    pool.free_[static_cast<int>(pool.kind_of(static_cast<int32_t>(p)))].push_back(static_cast<int32_t>(p));
+  }
   return pool;
 }
 
@@ -37,14 +53,18 @@ int64_t PagePool::page_bytes() const {
   return elements * static_cast<int64_t>(k_pages_.defined() ? k_pages_.element_size() : 4);
 }
 
-Status PagePool::allocate(int64_t n, std::vector<int32_t>* pages) {
-  if (n > num_free()) {
-    return Status::out_of_pages("KV page pool exhausted: " + std::to_string(n) + " pages needed, " +
-                                std::to_string(num_free()) + " of " + std::to_string(num_pages()) + " free");
+Status PagePool::allocate(int64_t n, std::vector<int32_t>* pages, PageKind kind) {
+  std::vector<int32_t>& free = free_[static_cast<int>(kind)];
+  if (n > num_free(kind)) {
+    const std::string what = kind == PageKind::kResident && num_pages(PageKind::kTransient) == 0
+                                 ? "KV page pool"
+                                 : std::string("KV page pool (") + page_kind_name(kind) + " pages)";
+    return Status::out_of_pages(what + " exhausted: " + std::to_string(n) + " pages needed, " +
+                                std::to_string(num_free(kind)) + " of " + std::to_string(num_pages(kind)) + " free");
   }
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t p = free_.back();
-    free_.pop_back();
+    const int32_t p = free.back();
+    free.pop_back();
     in_use_[p] = true;
     pages->push_back(p);
   }
@@ -55,7 +75,7 @@ void PagePool::release(std::span<const int32_t> pages) {
   for (int32_t p : pages) {
     VC_CHECK(p >= 0 && p < num_pages() && in_use_[p], "releasing a KV page that is not in use");
     in_use_[p] = false;
-    free_.push_back(p);
+    free_[static_cast<int>(kind_of(p))].push_back(p);
   }
 }
 

@@ -9,6 +9,36 @@
 #include "util/check.h"
 
 namespace vericache {
+namespace {
+
+// Slots to copy, one entry per (slot, KV head): page id, offset in the page, head.
+struct SlotList {
+  std::vector<int64_t> page, offset, head;
+};
+
+// Copies the K/V of every slot in `from` (in `src`) to the slot at the same index of `to` (in
+// `dst`); the pools may live on different devices. Everything is gathered before anything is
+// written, so moving slots within one pool is safe in any order.
+void copy_slots(const PagePool& src, const SlotList& from, PagePool& dst, const SlotList& to) {
+  namespace idx = at::indexing;
+  if (from.page.empty()) return;
+  auto t = [](const std::vector<int64_t>& v, at::Device device) { return at::tensor(v, at::kLong).to(device); };
+  const at::Device sd = src.k_pages().device(), dd = dst.k_pages().device();
+  const at::Tensor sp = t(from.page, sd), so = t(from.offset, sd), sh = t(from.head, sd);
+  const at::Tensor dp = t(to.page, dd), dof = t(to.offset, dd), dh = t(to.head, dd);
+  const at::Tensor k = src.k_pages().index({sp, sh, idx::Slice(), so}).to(dd, dst.k_pages().scalar_type());
+  const at::Tensor v = src.v_pages().index({sp, sh, so, idx::Slice()}).to(dd, dst.v_pages().scalar_type());
+  dst.k_pages().index_put_({dp, dh, idx::Slice(), dof}, k);
+  dst.v_pages().index_put_({dp, dh, dof, idx::Slice()}, v);
+}
+
+void add_slot(SlotList& list, const std::vector<int32_t>& table, int64_t page_size, int64_t slot, int64_t head) {
+  list.page.push_back(table[slot / page_size]);
+  list.offset.push_back(slot % page_size);
+  list.head.push_back(head);
+}
+
+}  // namespace
 
 int64_t SequenceKv::pages_held() const {
   int64_t n = 0;
@@ -29,13 +59,13 @@ Status SequenceKv::reserve(PagePool& pool, int64_t n) {
   const KvPageSpec& spec = pool.spec();
   VC_CHECK(spec.n_layers == n_layers(), "reserve: pool and sequence disagree on the layer count");
   const int64_t needed = pages_needed(spec, n);
-  if (needed > pool.num_free()) {
-    return Status::out_of_pages("KV page pool exhausted: " + std::to_string(needed) + " pages needed, " +
-                                std::to_string(pool.num_free()) + " of " + std::to_string(pool.num_pages()) + " free");
+  if (needed > pool.num_free(kind_)) {
+    std::vector<int32_t> none;
+    return pool.allocate(needed, &none, kind_);  // the pool's own OutOfPages message; takes nothing
   }
   for (size_t l = 0; l < tables_.size(); ++l) {
     const int64_t missing = spec.pages_for(lengths_[l] + n) - static_cast<int64_t>(tables_[l].size());
-    if (missing > 0) VC_CHECK(pool.allocate(missing, &tables_[l]).ok(), "reserve: pool refused counted pages");
+    if (missing > 0) VC_CHECK(pool.allocate(missing, &tables_[l], kind_).ok(), "reserve: pool refused counted pages");
   }
   return Status();
 }
@@ -63,36 +93,23 @@ void SequenceKv::make_compressed(int64_t n_kv_heads) {
 }
 
 void SequenceKv::keep_slots(PagePool& pool, int64_t layer, const std::vector<std::vector<int64_t>>& from_slots) {
-  namespace idx = at::indexing;
   const int64_t ps = pool.spec().page_size, n_heads = static_cast<int64_t>(from_slots.size());
   const int64_t n = static_cast<int64_t>(from_slots[0].size());
   const std::vector<int32_t>& table = tables_[layer];
-  std::vector<int64_t> src_page, src_off, dst_page, dst_off, head;
+  SlotList from, to;
   for (int64_t h = 0; h < n_heads; ++h) {
     VC_CHECK(static_cast<int64_t>(from_slots[h].size()) == n, "keep_slots: heads keep different counts");
     std::vector<int64_t>& positions = slot_positions_[layer][h];
     for (int64_t j = 0; j < n; ++j) {
       const int64_t s = from_slots[h][j];
       VC_CHECK(s >= j && s < lengths_[layer], "keep_slots: slots must be increasing and held");
-      src_page.push_back(table[s / ps]);
-      src_off.push_back(s % ps);
-      dst_page.push_back(table[j / ps]);
-      dst_off.push_back(j % ps);
-      head.push_back(h);
+      add_slot(from, table, ps, s, h);
+      add_slot(to, table, ps, j, h);
       positions[j] = positions[s];
     }
     positions.resize(n);
   }
-  if (n > 0) {
-    const auto device = pool.k_pages().device();
-    auto t = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(device); };
-    const at::Tensor sp = t(src_page), so = t(src_off), dp = t(dst_page), dof = t(dst_off), hh = t(head);
-    // Gathered into new tensors first, so moving a slot onto one not yet read is safe.
-    const at::Tensor k = pool.k_pages().index({sp, hh, idx::Slice(), so});
-    const at::Tensor v = pool.v_pages().index({sp, hh, so, idx::Slice()});
-    pool.k_pages().index_put_({dp, hh, idx::Slice(), dof}, k);
-    pool.v_pages().index_put_({dp, hh, dof, idx::Slice()}, v);
-  }
+  copy_slots(pool, from, pool, to);
   lengths_[layer] = n;
   const auto keep = static_cast<size_t>((n + ps - 1) / ps);
   if (tables_[layer].size() > keep) {
@@ -211,6 +228,95 @@ KvCacheView SequenceKv::view(PagePool& pool) const {
     v.positions.push_back(p);
   }
   return v;
+}
+
+void SequenceKv::truncate_positions(PagePool& pool, int64_t end) {
+  if (!compressed()) {
+    truncate(pool, std::max<int64_t>(end, 0));
+    return;
+  }
+  std::vector<int64_t> lengths(lengths_);
+  for (size_t l = 0; l < tables_.size(); ++l) {
+    const auto& heads = slot_positions_[l];
+    int64_t keep = lengths_[l];
+    while (keep > 0 && heads[0][keep - 1] >= end) --keep;
+    for (const auto& head : heads) {
+      VC_CHECK((keep == 0 || head[keep - 1] < end) && (keep == lengths_[l] || head[keep] >= end),
+               "truncate_positions: KV heads of a layer hold different tails");
+    }
+    lengths[l] = keep;
+  }
+  truncate(pool, lengths);
+}
+
+Status SequenceKv::append_range(PagePool& pool, const SequenceKv& src, const PagePool& src_pool, int64_t first,
+                                int64_t count) {
+  VC_CHECK(first >= 0 && count >= 0, "append_range: negative range");
+  const int64_t n_heads = pool.spec().n_kv_heads, ps = pool.spec().page_size, src_ps = src_pool.spec().page_size;
+  for (int64_t l = 0; l < n_layers(); ++l) {
+    VC_CHECK(first + count <= src.length(l), "append_range: slots past the source's length");
+    VC_CHECK(compressed() || src.position(l, 0, first) == lengths_[l], "append_range: a full cache must continue where it ends");
+  }
+  if (count == 0) return Status();
+  VC_RETURN_IF_ERROR(reserve(pool, count));
+  SlotList from, to;
+  for (int64_t l = 0; l < n_layers(); ++l) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      for (int64_t j = 0; j < count; ++j) {
+        add_slot(from, src.block_table(l), src_ps, first + j, h);
+        add_slot(to, tables_[l], ps, lengths_[l] + j, h);
+      }
+    }
+  }
+  copy_slots(src_pool, from, pool, to);
+  for (int64_t l = 0; l < n_layers(); ++l) {
+    if (compressed()) {
+      for (int64_t h = 0; h < n_heads; ++h) {
+        for (int64_t j = 0; j < count; ++j) slot_positions_[l][h].push_back(src.position(l, h, first + j));
+      }
+    }
+    lengths_[l] += count;
+  }
+  return Status();
+}
+
+Status SequenceKv::assign_kept(PagePool& pool, const SequenceKv& src, const PagePool& src_pool,
+                               const std::vector<at::Tensor>& kept) {
+  VC_CHECK(pages_held() == 0 && !compressed(), "assign_kept: the cache must be empty");
+  VC_CHECK(!src.compressed(), "assign_kept: the source must be a full cache");
+  VC_CHECK(static_cast<int64_t>(kept.size()) == n_layers(), "assign_kept: one kept tensor per layer");
+  const KvPageSpec& spec = pool.spec();
+  std::vector<at::Tensor> positions(kept.size());
+  int64_t needed = 0;
+  for (size_t l = 0; l < kept.size(); ++l) {
+    positions[l] = kept[l].to(at::kCPU, at::kLong).contiguous();
+    VC_CHECK(positions[l].dim() == 2 && positions[l].size(0) == spec.n_kv_heads, "assign_kept: kept is [n_kv_heads, n]");
+    needed += spec.pages_for(positions[l].size(1));
+  }
+  if (needed > pool.num_free(kind_)) {
+    std::vector<int32_t> none;
+    return pool.allocate(needed, &none, kind_);
+  }
+  slot_positions_.assign(tables_.size(), std::vector<std::vector<int64_t>>(spec.n_kv_heads));
+  SlotList from, to;
+  for (size_t l = 0; l < kept.size(); ++l) {
+    const int64_t n = positions[l].size(1);
+    VC_CHECK(pool.allocate(spec.pages_for(n), &tables_[l], kind_).ok(), "assign_kept: pool refused counted pages");
+    const int64_t* p = positions[l].data_ptr<int64_t>();
+    for (int64_t h = 0; h < spec.n_kv_heads; ++h) {
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t position = p[h * n + j];
+        VC_CHECK(position >= 0 && position < src.length(l) && (j == 0 || position > p[h * n + j - 1]),
+                 "assign_kept: kept positions must be increasing and held");
+        add_slot(from, src.block_table(l), src_pool.spec().page_size, position, h);
+        add_slot(to, tables_[l], spec.page_size, j, h);
+        slot_positions_[l][h].push_back(position);
+      }
+    }
+    lengths_[l] = n;
+  }
+  copy_slots(src_pool, from, pool, to);
+  return Status();
 }
 
 }  // namespace vericache

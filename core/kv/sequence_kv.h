@@ -14,6 +14,10 @@
 // sequence is "compressed": each slot records its original position per KV head, new tokens are
 // appended with the positions the forward ran them at (the uncompressed length onwards).
 //
+// Copies between caches (append_range, assign_kept) may cross pools and devices: they build the
+// compressed cache from the full one after prefill, and carry verified K/V from the full cache
+// into the compressed one after a verify window.
+//
 // Ownership: a SequenceKv holds page ids, not storage; the caller must release() it into the same
 // pool before the pool is destroyed (checked in debug use by the pool's in-use bits).
 // Thread-safety: not thread-safe.
@@ -35,8 +39,11 @@ namespace vericache {
 class SequenceKv {
  public:
   SequenceKv() = default;
-  explicit SequenceKv(int64_t n_layers) : tables_(n_layers), lengths_(n_layers, 0) {}
+  // A cache whose pages come from `kind` pages of its pool.
+  explicit SequenceKv(int64_t n_layers, PageKind kind = PageKind::kResident)
+      : tables_(n_layers), lengths_(n_layers, 0), kind_(kind) {}
 
+  PageKind page_kind() const { return kind_; }
   int64_t n_layers() const { return static_cast<int64_t>(tables_.size()); }
   int64_t length(int64_t layer) const { return lengths_[layer]; }
   const std::vector<int32_t>& block_table(int64_t layer) const { return tables_[layer]; }
@@ -58,6 +65,23 @@ class SequenceKv {
   // Returns every page to the pool; the sequence becomes empty.
   void release(PagePool& pool);
 
+  // Original position of slot `slot` of `layer` for KV head `head` (the slot itself in a full cache).
+  int64_t position(int64_t layer, int64_t head, int64_t slot) const {
+    return compressed() ? slot_positions_[layer][head][slot] : slot;
+  }
+  // Rollback by position: removes, in every layer, the slots at the end holding positions >= `end`
+  // (tokens appended after the kept set, e.g. rejected drafts) and frees emptied pages. Every head
+  // of a layer must hold the same tail (checked: a violation is a bug).
+  void truncate_positions(PagePool& pool, int64_t end);
+  // Appends slots [first, first + count) of every layer of `src` (in `src_pool`, any device) to this
+  // cache in `pool`, with their positions. A full cache may only continue where it ends
+  // (src position first == length, checked). OutOfPages (nothing changed) when `pool` lacks room.
+  Status append_range(PagePool& pool, const SequenceKv& src, const PagePool& src_pool, int64_t first, int64_t count);
+  // Fills this empty cache with the kept positions of the full cache `src`: in every layer l and
+  // KV head h the K/V of positions kept[l][h, :] (int64 [n_kv_heads, n_kept(l)], rows strictly
+  // increasing, below src's length: check with check_compressed_kv first). The cache becomes
+  // compressed. OutOfPages (nothing changed) when `pool` lacks room.
+  Status assign_kept(PagePool& pool, const SequenceKv& src, const PagePool& src_pool, const std::vector<at::Tensor>& kept);
   // Whether slots carry their own positions (after compact() or drop()).
   bool compressed() const { return !slot_positions_.empty(); }
   // Original position of every slot of `layer` for KV head `head` (length(layer) entries).
@@ -81,6 +105,7 @@ class SequenceKv {
   std::vector<int64_t> lengths_;
   // Compressed only: [n_layers][n_kv_heads][slot] original position; empty for a full cache.
   std::vector<std::vector<std::vector<int64_t>>> slot_positions_;
+  PageKind kind_ = PageKind::kResident;
 
   void make_compressed(int64_t n_kv_heads);
   // Moves slot from_slots[h][j] to slot j for every head h of `layer`, sets the layer's length to

@@ -32,7 +32,7 @@ void parallel_rms_norm(const cpu::KernelTable& k, const float* x, int64_t rows, 
 }  // namespace
 
 Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin,
-                               PagePool& pool, at::Tensor* logits, const LayerObserver& observer) const {
+                               at::Tensor* logits, const LayerObserver& observer) const {
   const LlamaConfig& c = config_;
   const cpu::KernelTable& k = *kernels_;
   const int64_t d = c.d_model, hd = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads, dff = c.d_ff;
@@ -84,9 +84,14 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
 
   const float* cos_table = rope_cos_.data_ptr<float>();
   const float* sin_table = rope_sin_.data_ptr<float>();
-  float* k_pages = pool.k_pages().data_ptr<float>();
-  float* v_pages = pool.v_pages().data_ptr<float>();
-  const int64_t ps = pool.spec().page_size;
+  // Each item's cache lives in its own pool (compressed, full host store, transient pages).
+  std::vector<float*> k_pages(batch.size()), v_pages(batch.size());
+  std::vector<int64_t> page_size(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    k_pages[i] = batch[i].pool->k_pages().data_ptr<float>();
+    v_pages[i] = batch[i].pool->v_pages().data_ptr<float>();
+    page_size[i] = batch[i].pool->spec().page_size;
+  }
 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const Layer& L = layers_[l];
@@ -112,6 +117,7 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     for (size_t i = 0; i < batch.size(); ++i) {
       const SequenceKv& kv = *batch[i].kv;
       const std::vector<int32_t>& table = kv.block_table(l);
+      const int64_t ps = page_size[i];
       for (int64_t t = 0; t < begin[i + 1] - begin[i]; ++t) {
         const int64_t slot = kv.length(l) + t;
         const int64_t page = table[slot / ps], off = slot % ps;
@@ -119,9 +125,9 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
         for (int64_t g = 0; g < nkv; ++g) {
           const float* kr = row + q_width + g * hd;
           const float* vr = row + q_width + nkv * hd + g * hd;
-          float* kp = k_pages + ((page * nkv + g) * hd) * ps + off;
+          float* kp = k_pages[i] + ((page * nkv + g) * hd) * ps + off;
           for (int64_t e = 0; e < hd; ++e) kp[e * ps] = kr[e];
-          std::copy_n(vr, hd, v_pages + ((page * nkv + g) * ps + off) * hd);
+          std::copy_n(vr, hd, v_pages[i] + ((page * nkv + g) * ps + off) * hd);
         }
       }
     }
@@ -135,10 +141,10 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
         a.q_row_stride = qkv_width;
         a.out = attn.data() + begin[job.item] * q_width;
         a.out_row_stride = q_width;
-        a.k_pages = k_pages;
-        a.v_pages = v_pages;
+        a.k_pages = k_pages[job.item];
+        a.v_pages = v_pages[job.item];
         a.block_table = kv.block_table(l).data();
-        a.page_size = ps;
+        a.page_size = page_size[job.item];
         a.n_heads = nh;
         a.n_kv_heads = nkv;
         a.head_dim = hd;

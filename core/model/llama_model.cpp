@@ -263,7 +263,7 @@ Result<PagePool> LlamaModel::make_page_pool(int64_t page_size, int64_t num_pages
   return PagePool::create(kv_page_spec(page_size), num_pages, options_.dtype, options_.device);
 }
 
-Status LlamaModel::validate(std::span<const ForwardItem> batch, const PagePool& pool) const {
+Status LlamaModel::validate_pool(const PagePool& pool) const {
   const KvPageSpec& spec = pool.spec();
   if (spec.n_layers != config_.n_layers || spec.n_kv_heads != config_.n_kv_heads || spec.head_dim != config_.head_dim) {
     return Status::invalid_argument("forward: the KV page pool was made for another model shape");
@@ -274,13 +274,25 @@ Status LlamaModel::validate(std::span<const ForwardItem> batch, const PagePool& 
   if (pool.k_pages().scalar_type() != options_.dtype || !same_device) {
     return Status::invalid_argument("forward: the KV page pool is not on the model's device and dtype");
   }
-  int64_t pages_needed = 0;
+  return Status();
+}
+
+Status LlamaModel::validate(std::span<const ForwardItem> batch) const {
+  // Pages each (pool, page kind) must supply, in order of first use.
+  struct Demand {
+    const PagePool* pool;
+    PageKind kind;
+    int64_t pages;
+  };
+  std::vector<Demand> demands;
   for (size_t i = 0; i < batch.size(); ++i) {
     const ForwardItem& item = batch[i];
     const std::string where = "forward: request " + std::to_string(i) + ": ";
     if (item.kv == nullptr || item.kv->n_layers() != config_.n_layers) {
       return Status::invalid_argument(where + "needs a KV cache with " + std::to_string(config_.n_layers) + " layers");
     }
+    if (item.pool == nullptr) return Status::invalid_argument(where + "needs the page pool of its KV cache");
+    VC_RETURN_IF_ERROR(validate_pool(*item.pool));
     if (item.tokens.size() != item.positions.size()) {
       return Status::invalid_argument(where + std::to_string(item.tokens.size()) + " tokens but " +
                                       std::to_string(item.positions.size()) + " positions");
@@ -300,11 +312,24 @@ Status LlamaModel::validate(std::span<const ForwardItem> batch, const PagePool& 
     for (size_t j = 0; j < i; ++j) {
       if (batch[j].kv == item.kv) return Status::invalid_argument(where + "shares its KV cache with request " + std::to_string(j));
     }
-    pages_needed += item.kv->pages_needed(spec, static_cast<int64_t>(item.tokens.size()));
+    const int64_t pages = item.kv->pages_needed(item.pool->spec(), static_cast<int64_t>(item.tokens.size()));
+    auto it = std::find_if(demands.begin(), demands.end(),
+                           [&](const Demand& d) { return d.pool == item.pool && d.kind == item.kv->page_kind(); });
+    if (it == demands.end()) {
+      demands.push_back({item.pool, item.kv->page_kind(), pages});
+    } else {
+      it->pages += pages;
+    }
   }
-  if (pages_needed > pool.num_free()) {
-    return Status::out_of_pages("KV page pool exhausted: the batch needs " + std::to_string(pages_needed) + " pages, " +
-                                std::to_string(pool.num_free()) + " of " + std::to_string(pool.num_pages()) + " free");
+  for (const Demand& d : demands) {
+    if (d.pages > d.pool->num_free(d.kind)) {
+      const std::string what = d.pool->num_pages(PageKind::kTransient) == 0
+                                   ? "KV page pool"
+                                   : std::string("KV page pool (") + page_kind_name(d.kind) + " pages)";
+      return Status::out_of_pages(what + " exhausted: the batch needs " + std::to_string(d.pages) + " pages, " +
+                                  std::to_string(d.pool->num_free(d.kind)) + " of " +
+                                  std::to_string(d.pool->num_pages(d.kind)) + " free");
+    }
   }
   return Status();
 }
@@ -320,20 +345,27 @@ std::vector<int64_t> LlamaModel::logit_rows(std::span<const ForwardItem> batch, 
   return rows;
 }
 
-Status LlamaModel::forward(std::span<const ForwardItem> batch, PagePool& pool, at::Tensor* logits,
-                           const LayerObserver& observer) const {
-  VC_RETURN_IF_ERROR(validate(batch, pool));
+Status LlamaModel::forward(std::span<const ForwardItem> batch, at::Tensor* logits, const LayerObserver& observer) const {
+  VC_RETURN_IF_ERROR(validate(batch));
+  if (path_ == ForwardPath::kTorch) {
+    for (const ForwardItem& item : batch) {
+      if (item.pool != batch[0].pool) {
+        return Status::not_supported("forward: the torch path needs every request's KV cache in one page pool");
+      }
+    }
+  }
   std::vector<int64_t> begin(batch.size() + 1, 0);
   for (size_t i = 0; i < batch.size(); ++i) {
     begin[i + 1] = begin[i] + static_cast<int64_t>(batch[i].tokens.size());
-    VC_CHECK(batch[i].kv->reserve(pool, static_cast<int64_t>(batch[i].tokens.size())).ok(), "validated reservation");
+    VC_CHECK(batch[i].kv->reserve(*batch[i].pool, static_cast<int64_t>(batch[i].tokens.size())).ok(),
+             "validated reservation");
   }
   Status status;
   if (path_ == ForwardPath::kCpuKernels) {
-    status = forward_cpu(batch, begin, pool, logits, observer);
-  } else {
+    status = forward_cpu(batch, begin, logits, observer);
+  } else if (!batch.empty()) {
     try {
-      status = forward_torch(batch, begin, pool, logits, observer);
+      status = forward_torch(batch, begin, *batch[0].pool, logits, observer);
     } catch (const c10::Error& e) {
       return Status::internal(std::string("forward on ") + options_.device.str() + ": " + first_line(e));
     }

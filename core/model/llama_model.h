@@ -61,10 +61,15 @@ struct LoadOptions {
   bool quantized_weights = true;
 };
 
+// One request's part of a forward. Each item names its own cache and the pool holding that
+// cache's pages, so one batched forward mixes requests drafting on compressed caches (resident
+// pages), verifying on full caches (a host store read in place, or transient pages) and
+// prefilling (CPU kernels; the torch path needs every item's cache in one pool).
 struct ForwardItem {
   std::span<const int32_t> tokens;     // [n] new tokens
   std::span<const int32_t> positions;  // [n] RoPE positions: the tokens' positions in the uncompressed sequence
   SequenceKv* kv = nullptr;            // receives n slots in every layer
+  PagePool* pool = nullptr;            // holds kv's pages (on the model's device and dtype)
   LogitRows logits = LogitRows::kLast;
   int64_t request_id = 0;              // reported to compressors in LayerActivations
 };
@@ -99,10 +104,10 @@ class LlamaModel {
   // Runs one forward over `batch`. `logits` receives [rows, vocab] float32, the rows of the items
   // in batch order (per item: none, its last token, or all its tokens).
   // InvalidArgument (nothing changed) for a token id outside the vocabulary, a position past the
-  // context length, mismatched token/position counts or a cache of another model; OutOfPages
-  // (nothing changed) when the pool cannot hold the new slots of the whole batch.
-  Status forward(std::span<const ForwardItem> batch, PagePool& pool, at::Tensor* logits,
-                 const LayerObserver& observer = {}) const;
+  // context length, mismatched token/position counts, a missing cache or pool, or a pool of another
+  // model, device or dtype; OutOfPages (nothing changed) when a pool cannot hold the new slots of
+  // the items it serves.
+  Status forward(std::span<const ForwardItem> batch, at::Tensor* logits, const LayerObserver& observer = {}) const;
 
   // A weight by GGUF name ("blk.3.attn_q.weight", "token_embd.weight", "output_norm.weight", ...)
   // as a float32 CPU tensor in PyTorch order; NotFound for an unknown name.
@@ -144,10 +149,11 @@ class LlamaModel {
   // Rows [first, first + count) of a stored matrix, as float32 on the CPU.
   at::Tensor weight_rows(const Weight& w, int64_t first, int64_t count) const;
   Status place_weights();
-  Status validate(std::span<const ForwardItem> batch, const PagePool& pool) const;
+  Status validate(std::span<const ForwardItem> batch) const;
+  Status validate_pool(const PagePool& pool) const;
   // After validate() and reserving every item's slots; `begin[i]` is item i's first row.
-  Status forward_cpu(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, PagePool& pool,
-                     at::Tensor* logits, const LayerObserver& observer) const;
+  Status forward_cpu(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, at::Tensor* logits,
+                     const LayerObserver& observer) const;
   Status forward_torch(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, PagePool& pool,
                        at::Tensor* logits, const LayerObserver& observer) const;
   // Rows whose logits the batch asks for, in batch order.

@@ -1,0 +1,158 @@
+// DraftVerifyEngine: VeriCache's lossless decoding loop, as a per-request state machine advanced
+// one batched forward at a time by step().
+//
+// Each request keeps two caches:
+//   KV_full  every committed token's K/V, in the host store (`host_pool`); verification reads it in
+//            place (this CPU engine: no copy).
+//   KV_comp  the compressor's kept set plus every committed token since, in resident pages of
+//            `device_pool`; drafting reads only this.
+// Life of a request (DESIGN.md, "Per-request loop"):
+//   prefill   the prompt in chunks into KV_full; the first token comes from the full-KV logits;
+//             then KV_comp = compress(KV_full, c) (offline: compress(); online: the drops update()
+//             returned while prefilling), gathered from the host store into resident pages;
+//   draft     x forwards on KV_comp, one token each (the last committed token, then the drafts);
+//   verify    one forward of [last committed token, d_1..d_x] over KV_full gives x+1 rows; accept
+//             the longest prefix the full-KV model agrees with (greedy: argmax; T > 0: rejection
+//             sampling, engine/verification.h) plus its correction or bonus token; KV_full keeps
+//             the committed tokens' verified K/V (the rejected rows are truncated away); KV_comp
+//             is rolled back by position (SequenceKv::truncate_positions) and filled up to the
+//             committed length (DraftKv); an online compressor then sees the committed rows of
+//             this verify forward through update() and its drops are applied to KV_comp.
+// An online compressor only ever sees committed tokens (never a draft that may be rolled back),
+// so no compressor state needs rolling back.
+//
+// Requests at different phases share each forward; new requests are admitted between steps when
+// the pools can hold their worst case (admission control: no page allocation can fail later), so
+// a small pool means waiting, never a crash or a lost token. If a compressor fails on a request,
+// that request continues on KV_full alone (plain full-KV decoding: still exact) and the failure is
+// reported with the plugin's name and reason.
+//
+// Losslessness: greedy output equals Generator's full-KV output token for token, because the
+// CPU kernels are row-count and batch invariant (kernels/cpu_kernels.h): a verify row's logits are
+// bitwise the logits one-token decoding computes. Sampled output has exactly the full-KV
+// distribution (per-request seeded generators: the same seed gives the same output).
+//
+// Ownership: borrows the model, the pools, the compressor, the clock and the sink; every page a
+// request takes is returned when it finishes (and by the destructor). Thread-safety: one thread
+// drives an engine; the pools must not be used by anything else meanwhile.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <vericache/compressor.h>
+#include <vericache/status.h>
+
+#include "engine/engine_clock.h"
+#include "engine/engine_stats.h"
+#include "engine/generator.h"
+#include "engine/verification.h"
+#include "kv/page_pool.h"
+#include "model/llama_model.h"
+
+namespace vericache {
+
+// Which K/V the accepted tokens keep in KV_comp after a verify window.
+enum class DraftKv {
+  kDrafted,   // the K/V computed while drafting (attention over KV_comp); tokens drafting did not
+              // run (the last draft of a fully accepted window) take the verified K/V
+  kVerified,  // the verified K/V from the full-KV forward, copied from the host store
+};
+const char* draft_kv_name(DraftKv mode);  // "drafted", "verified"
+
+struct EngineOptions {
+  int64_t draft_length = 8;                  // x: tokens drafted per window, >= 1
+  Compressor* compressor = nullptr;          // borrowed, attach()ed; nullptr: KV_comp is a full copy
+  double ratio = 0.25;                       // c, the kept fraction the compressor runs at
+  int64_t prefill_chunk = 512;               // prompt tokens per request per forward
+  DraftKv draft_kv = DraftKv::kVerified;
+  DraftSampling draft_sampling = DraftSampling::kSampled;  // T > 0 only
+  const Clock* clock = nullptr;              // nullptr: a SteadyClock
+  StatsSink* sink = nullptr;                 // optional
+};
+
+struct EngineResult {
+  int64_t request_id = 0;
+  GenerationResult generation;   // tokens and finish reason, as Generator reports them
+  RequestMetrics metrics;
+  std::string compressor_failure;  // non-empty: the compressor failed and the request ran on KV_full
+};
+
+class DraftVerifyEngine {
+ public:
+  // `device_pool` holds compressed caches (resident pages); `host_pool` the full caches. Both must
+  // be pools of `model` (same shape, device and dtype; page sizes may differ).
+  DraftVerifyEngine(const LlamaModel& model, PagePool& device_pool, PagePool& host_pool, EngineOptions options);
+  ~DraftVerifyEngine();
+  DraftVerifyEngine(const DraftVerifyEngine&) = delete;
+  DraftVerifyEngine& operator=(const DraftVerifyEngine&) = delete;
+
+  // Checks the options: InvalidArgument naming the bad one.
+  Status validate_options() const;
+
+  // Queues a request and returns its id (0, 1, 2, ... in order of submission; never reused).
+  // InvalidArgument for an empty prompt, one that fills the context, or one whose worst case
+  // can never fit the pools (the message gives the pages needed and available).
+  Result<int64_t> add_request(GenerationRequest request);
+
+  // One iteration: admits queued requests that fit, runs one forward mixing prefill chunks, draft
+  // steps and verify windows, and applies its results. Errors are failures of the engine itself
+  // (a forward refused, a bug surfaced as a value); compressor failures are not errors here.
+  Status step();
+
+  // Steps until every request has finished.
+  Status run();
+
+  bool idle() const { return active_.empty() && queue_.empty(); }
+  int64_t queued() const { return static_cast<int64_t>(queue_.size()); }
+  int64_t active() const { return static_cast<int64_t>(active_.size()); }
+  // Results of finished requests since the last call, in order of finishing.
+  std::vector<EngineResult> take_finished();
+  // Every finished request's metrics, added up.
+  const RequestMetrics& totals() const { return totals_; }
+
+  // Pages a request may hold at most at any time: resident pages of the device pool (as if
+  // nothing were compressed: the kept set is unknown before prefill) and pages of the host pool
+  // (its full cache plus a verify window, and an offline compressor's scratch forwards). A pool
+  // of at least this size runs the request; the sum over requests runs them all at once.
+  struct PageDemand {
+    int64_t device = 0;
+    int64_t host = 0;
+  };
+  static PageDemand pages_for_request(const LlamaModel& model, const EngineOptions& options, int64_t device_page_size,
+                                      int64_t host_page_size, const GenerationRequest& request);
+
+ private:
+  struct Request;
+  PageDemand worst_case(const Request& r) const;
+  void admit();
+  Status run_forward(std::vector<Request*>& members);
+  void finish_prefill(Request& r, const float* logits);
+  Status build_compressed(Request& r);
+  void commit_window(Request& r, const float* rows);
+  // Appends a committed token to the output (the token that would be fed at `position`) unless it
+  // ends the request: Generator's stop, length and context rules, in its order.
+  void commit_token(Request& r, int32_t token, int64_t position);
+  void fall_back_to_full(Request& r, const Status& why);
+  int64_t window_for(const Request& r) const;
+  // Releases a done request's pages and compressor state and moves its result to the finished list.
+  void finish(Request& r);
+
+  const LlamaModel& model_;
+  PagePool& device_pool_;
+  PagePool& host_pool_;
+  EngineOptions options_;
+  SteadyClock steady_clock_;
+  const Clock* clock_;
+  int64_t next_id_ = 0;
+  std::vector<std::unique_ptr<Request>> queue_;
+  std::vector<std::unique_ptr<Request>> active_;
+  std::vector<EngineResult> finished_;
+  RequestMetrics totals_;
+};
+
+}  // namespace vericache

@@ -1,0 +1,73 @@
+// What the draft–verify engine measures, per request and overall, with vLLM's definitions of
+// speculative-decoding metrics (vllm/v1/spec_decode/metrics.py):
+//   drafts                 verify windows that carried at least one drafted token
+//   draft_tokens           drafted tokens verified
+//   accepted_tokens        drafted tokens accepted
+//   mean acceptance length 1 + accepted_tokens / drafts   (the correction or bonus token included)
+//   acceptance rate γ      accepted_tokens / draft_tokens
+//   per-position rate      accepted_per_position[i] / drafted_per_position[i]
+// Times come from the engine's Clock: each forward's duration is added, for every request in it,
+// to the time of the phase that request was in (prefill, draft or verify); prefill time includes
+// compression. Summed over requests, these times exceed the wall time of batched runs.
+// Thread-safety: plain values; a StatsSink is called from the engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace vericache {
+
+struct RequestMetrics {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t drafts = 0;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  std::vector<int64_t> drafted_per_position;   // [i]: windows with a draft at position i
+  std::vector<int64_t> accepted_per_position;  // [i]: of those, accepted
+  int64_t verify_windows = 0;   // verify forwards, also those with no draft (the last token)
+  int64_t draft_steps = 0;      // draft forwards this request took part in
+  int64_t transfer_bytes = 0;   // KV_full bytes moved into transient pages for verification
+  double prefill_seconds = 0;
+  double draft_seconds = 0;
+  double verify_seconds = 0;
+  double transfer_wait_seconds = 0;  // verify windows held back waiting for their KV_full copy
+  int64_t full_kv_slots = 0;      // uncompressed cache length summed over layers, at the end
+  int64_t resident_kv_slots = 0;  // compressed cache slots summed over layers, at the end
+
+  double mean_acceptance_length() const {
+    return drafts > 0 ? 1.0 + static_cast<double>(accepted_tokens) / static_cast<double>(drafts) : 0.0;
+  }
+  double acceptance_rate() const {
+    return draft_tokens > 0 ? static_cast<double>(accepted_tokens) / static_cast<double>(draft_tokens) : 0.0;
+  }
+  // Adds every counter and time of `other` (per-position vectors element-wise).
+  void add(const RequestMetrics& other);
+};
+
+// One engine step: one batched forward.
+struct StepRecord {
+  double start_seconds = 0;
+  double seconds = 0;
+  int64_t prefill_items = 0;
+  int64_t draft_items = 0;
+  int64_t verify_items = 0;
+  int64_t rows = 0;  // token rows in the forward
+};
+
+// One verified window of one request.
+struct WindowRecord {
+  int64_t request_id = 0;
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+};
+
+// Receives the engine's records as they happen (traces, progress). Default: ignores them.
+class StatsSink {
+ public:
+  virtual ~StatsSink() = default;
+  virtual void on_step(const StepRecord&) {}
+  virtual void on_window(const WindowRecord&) {}
+};
+
+}  // namespace vericache

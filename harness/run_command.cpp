@@ -1,0 +1,379 @@
+// vericache run: lossless decoding with VeriCache — draft on a compressed KV cache, verify on the
+// full one — with --check to diff against full-KV decoding in the same process.
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "engine/draft_verify_engine.h"
+#include "engine/generator.h"
+#include "util/thread_pool.h"
+
+namespace po = boost::program_options;
+
+namespace vericache::cli {
+namespace {
+
+struct RunOptions {
+  std::string model;
+  std::string prompt;
+  std::string prompt_file;
+  std::string system;
+  bool no_chat_template = false;
+  int64_t max_tokens = 128;
+  double temperature = 0.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  int64_t batch = 1;
+  bool ignore_eos = false;
+  int threads = 0;
+  int64_t page_size = 16;
+  int64_t prefill_chunk = 512;
+  std::string compressor = "kvzip";
+  std::string params = "{}";
+  double ratio = 0.25;
+  int64_t draft_length = 16;
+  std::string draft_kv = "verified";
+  std::string draft_sampling = "sampled";
+  int64_t resident_pages = 0;
+  int64_t host_pages = 0;
+  std::vector<std::string> plugin_dirs;
+  bool check = false;
+  bool json = false;
+  bool progress = false;
+};
+
+po::options_description describe(RunOptions& o) {
+  po::options_description d(
+      "vericache run: lossless decoding with VeriCache. Each request drafts --draft-length tokens on its\n"
+      "compressed KV cache (the compressor keeps --ratio of it), then verifies them in one forward over\n"
+      "its full KV cache: greedy output is token-identical to full-KV decoding, sampled output has the\n"
+      "full-KV distribution. On this CPU the full cache is verified in place (no copy).\n\nOptions");
+  // clang-format off
+  d.add_options()
+    ("help,h", "print this help and exit")
+    ("model", po::value(&o.model), "GGUF model file (default: $VERICACHE_MODEL, else the embedded SmolLM2-135M-Instruct)")
+    ("prompt,p", po::value(&o.prompt), "prompt text")
+    ("prompt-file,f", po::value(&o.prompt_file), "read the prompt from a file ('-' for standard input)")
+    ("system", po::value(&o.system), "system message (chat template only)")
+    ("no-chat-template", po::bool_switch(&o.no_chat_template), "tokenize the prompt as is, without the chat template")
+    ("max-tokens,n", po::value(&o.max_tokens)->default_value(128), "maximum tokens to generate per request")
+    ("temperature,t", po::value(&o.temperature)->default_value(0.0), "sampling temperature; 0 is greedy")
+    ("top-k", po::value(&o.top_k)->default_value(0), "sample among the k most likely tokens; 0 keeps all")
+    ("top-p", po::value(&o.top_p)->default_value(1.0), "sample from the smallest set with this much probability mass")
+    ("seed", po::value(&o.seed)->default_value(0), "random seed; request i of a batch uses seed + i")
+    ("batch,b", po::value(&o.batch)->default_value(1), "run this many requests of the prompt together")
+    ("ignore-eos", po::bool_switch(&o.ignore_eos), "do not stop at end-of-generation tokens")
+    ("compressor", po::value(&o.compressor)->default_value("kvzip"),
+     "the compressor that makes KV_comp (plugin name or .so path); 'none' drafts on a full copy")
+    ("params", po::value(&o.params)->default_value("{}"), "the compressor's parameters as a JSON object")
+    ("ratio,c", po::value(&o.ratio)->default_value(0.25), "kept fraction c in (0, 1]: KV_comp = c * KV_full")
+    ("draft-length,x", po::value(&o.draft_length)->default_value(16), "tokens drafted per verify window")
+    ("draft-kv", po::value(&o.draft_kv)->default_value("verified"),
+     "K/V the accepted tokens keep in KV_comp: verified (from the full-KV forward) or drafted")
+    ("draft-sampling", po::value(&o.draft_sampling)->default_value("sampled"),
+     "at T > 0: drafts drawn from the compressed distribution (sampled) or its argmax (argmax)")
+    ("check", po::bool_switch(&o.check), "also decode with the full KV cache and report mismatching tokens (greedy only)")
+    ("threads", po::value(&o.threads)->default_value(0), "CPU threads; 0 uses all cores")
+    ("page-size", po::value(&o.page_size)->default_value(16), "KV page size in tokens (a multiple of 16)")
+    ("prefill-chunk", po::value(&o.prefill_chunk)->default_value(512), "prompt tokens per request per prefill forward")
+    ("resident-pages", po::value(&o.resident_pages)->default_value(0),
+     "resident pages for compressed caches; 0: enough for every request at once (fewer: requests wait)")
+    ("host-pages", po::value(&o.host_pages)->default_value(0), "host-store pages for full caches; 0: enough for every request at once")
+    ("plugin-dir", po::value(&o.plugin_dirs)->composing(), "also search this folder for plugins (repeatable)")
+    ("progress", po::bool_switch(&o.progress), "print a progress line on stderr (default when stderr is a terminal)")
+    ("json", po::bool_switch(&o.json), "print one JSON object with the texts and metrics");
+  // clang-format on
+  return d;
+}
+
+Status check_options(const RunOptions& o) {
+  if (o.max_tokens < 0) return Status::invalid_argument("--max-tokens must be >= 0");
+  if (!(o.temperature >= 0)) return Status::invalid_argument("--temperature must be >= 0");
+  if (o.top_k < 0) return Status::invalid_argument("--top-k must be >= 0");
+  if (!(o.top_p > 0 && o.top_p <= 1)) return Status::invalid_argument("--top-p must be in (0, 1]");
+  if (o.batch < 1 || o.batch > 4096) return Status::invalid_argument("--batch must be in [1, 4096]");
+  if (o.prefill_chunk < 1) return Status::invalid_argument("--prefill-chunk must be >= 1");
+  if (o.page_size < 16 || o.page_size % 16 != 0 || o.page_size > 4096) {
+    return Status::invalid_argument("--page-size must be a multiple of 16 in [16, 4096]");
+  }
+  if (!(o.ratio > 0 && o.ratio <= 1)) return Status::invalid_argument("--ratio must be in (0, 1]");
+  if (o.draft_length < 1 || o.draft_length > 256) return Status::invalid_argument("--draft-length must be in [1, 256]");
+  if (o.draft_kv != "verified" && o.draft_kv != "drafted") {
+    return Status::invalid_argument("--draft-kv must be 'verified' or 'drafted', got '" + o.draft_kv + "'");
+  }
+  if (o.draft_sampling != "sampled" && o.draft_sampling != "argmax") {
+    return Status::invalid_argument("--draft-sampling must be 'sampled' or 'argmax', got '" + o.draft_sampling + "'");
+  }
+  if (o.resident_pages < 0 || o.host_pages < 0) return Status::invalid_argument("--resident-pages and --host-pages must be >= 0");
+  if (o.check && o.temperature > 0) {
+    return Status::invalid_argument(
+        "--check compares tokens, which only greedy decoding (--temperature 0) makes identical; at T > 0 "
+        "VeriCache matches the full-KV distribution, not its tokens");
+  }
+  if (o.compressor == "none" && o.params != "{}") return Status::invalid_argument("--params needs a compressor");
+  if (!o.system.empty() && o.no_chat_template) {
+    return Status::invalid_argument("--system needs the chat template; drop --no-chat-template");
+  }
+  return Status();
+}
+
+// Progress on stderr, at most about once a second: requests done, tokens, acceptance so far.
+class ProgressLine : public StatsSink {
+ public:
+  ProgressLine(bool enabled, int64_t requests) : enabled_(enabled), requests_(requests) {}
+  void on_step(const StepRecord& s) override {
+    ++steps_;
+    if (!enabled_ || s.start_seconds - last_ < 1.0) return;
+    last_ = s.start_seconds;
+    std::fprintf(stderr, "\r[run] step %lld: %lld drafts, %lld verifies in flight; windows %lld, accepted %lld of %lld drafted   ",
+                 static_cast<long long>(steps_), static_cast<long long>(s.draft_items), static_cast<long long>(s.verify_items),
+                 static_cast<long long>(windows_), static_cast<long long>(accepted_), static_cast<long long>(drafted_));
+    std::fflush(stderr);
+    dirty_ = true;
+  }
+  void on_window(const WindowRecord& w) override {
+    ++windows_;
+    accepted_ += w.accepted;
+    drafted_ += w.drafted;
+  }
+  void end() {
+    if (dirty_) std::fputs("\n", stderr);
+  }
+
+ private:
+  bool enabled_;
+  int64_t requests_;
+  int64_t steps_ = 0, windows_ = 0, accepted_ = 0, drafted_ = 0;
+  double last_ = 0;
+  bool dirty_ = false;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Prefill time of the engine's run: the steps that carried a prompt chunk.
+class PrefillTimer : public StatsSink {
+ public:
+  explicit PrefillTimer(StatsSink& next) : next_(next) {}
+  void on_step(const StepRecord& s) override {
+    if (s.prefill_items > 0) prefill_seconds += s.seconds;
+    next_.on_step(s);
+  }
+  void on_window(const WindowRecord& w) override { next_.on_window(w); }
+  double prefill_seconds = 0;
+
+ private:
+  StatsSink& next_;
+};
+
+}  // namespace
+
+int run_run(int argc, char** argv) {
+  RunOptions o;
+  po::options_description desc = describe(o);
+  po::variables_map vm;
+  const std::string examples =
+      "Examples:\n"
+      "  vericache run --check -f datasets/prompts/document_2k.txt            # KVzip c = 0.25, x = 16\n"
+      "  vericache run --check --compressor snapkv -c 0.1 -x 8 -f doc.txt --json\n"
+      "  vericache run -p \"Write a haiku about the sea.\" -t 0.7 --seed 3 --compressor expected_attention\n"
+      "  vericache run --check --compressor none -p \"hello\"     # draft on a full copy: every draft is accepted\n";
+  if (auto done = parse_command_line("run", desc, examples, argc, argv, &vm)) return *done;
+  if (Status s = check_options(o); !s.ok()) return report_usage_error("run", s.message());
+  auto prompt_text = read_prompt(o.prompt, o.prompt_file);
+  if (!prompt_text.ok()) {
+    return prompt_text.status().code() == StatusCode::kInvalidArgument ? report_usage_error("run", prompt_text.status().message())
+                                                                        : report_error(prompt_text.status());
+  }
+  set_threads(o.threads);
+  auto model = load_model(o.model);
+  if (!model.ok()) return report_error(model.status());
+  const LlamaModel& m = **model;
+  auto prompt_ids = prompt_tokens(m, *prompt_text, o.no_chat_template, o.system);
+  if (!prompt_ids.ok()) return report_error(prompt_ids.status());
+
+  std::shared_ptr<Compressor> compressor;
+  std::string compressor_path;
+  if (o.compressor != "none") {
+    auto loaded = load_compressor_for(o.compressor, o.params, o.plugin_dirs, m, &compressor_path);
+    if (!loaded.ok()) return report_error(loaded.status());
+    compressor = std::move(*loaded);
+  }
+  std::vector<GenerationRequest> requests(o.batch);
+  for (int64_t i = 0; i < o.batch; ++i) {
+    requests[i].prompt = *prompt_ids;
+    requests[i].max_new_tokens = o.max_tokens;
+    requests[i].sampling = {o.temperature, o.top_k, o.top_p, o.seed + static_cast<uint64_t>(i)};
+    requests[i].ignore_eos = o.ignore_eos;
+  }
+
+  EngineOptions options;
+  options.draft_length = o.draft_length;
+  options.compressor = compressor.get();
+  options.ratio = o.ratio;
+  options.prefill_chunk = o.prefill_chunk;
+  options.draft_kv = o.draft_kv == "drafted" ? DraftKv::kDrafted : DraftKv::kVerified;
+  options.draft_sampling = o.draft_sampling == "argmax" ? DraftSampling::kArgmax : DraftSampling::kSampled;
+  DraftVerifyEngine::PageDemand all;
+  for (const GenerationRequest& r : requests) {
+    const auto d = DraftVerifyEngine::pages_for_request(m, options, o.page_size, o.page_size, r);
+    all.device += d.device;
+    all.host += d.host;
+  }
+  auto device_pool = m.make_page_pool(o.page_size, o.resident_pages > 0 ? o.resident_pages : all.device);
+  if (!device_pool.ok()) return report_error(device_pool.status());
+  auto host_pool = m.make_page_pool(o.page_size, o.host_pages > 0 ? o.host_pages : all.host);
+  if (!host_pool.ok()) return report_error(host_pool.status());
+
+  ProgressLine progress(o.progress || (!o.json && isatty(STDERR_FILENO)), o.batch);
+  PrefillTimer timer(progress);
+  options.sink = &timer;
+  DraftVerifyEngine engine(m, *device_pool, *host_pool, options);
+  for (const GenerationRequest& r : requests) {
+    auto id = engine.add_request(r);
+    if (!id.ok()) return report_error(id.status());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  if (Status s = engine.run(); !s.ok()) return report_error(s);
+  const double total_seconds = seconds_since(start);
+  progress.end();
+  std::vector<EngineResult> results = engine.take_finished();
+  std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
+  const RequestMetrics& t = engine.totals();
+  const double decode_seconds = total_seconds - timer.prefill_seconds;
+  const double tok_s = decode_seconds > 0 ? static_cast<double>(t.generated_tokens) / decode_seconds : 0.0;
+
+  // --check: the same requests through full-KV decoding, in this process.
+  int64_t mismatches = 0, mismatched_requests = 0;
+  double baseline_tok_s = 0;
+  std::vector<int64_t> first_mismatch(results.size(), -1);
+  if (o.check) {
+    auto pool = m.make_page_pool(o.page_size, Generator::pages_needed(m, o.page_size, requests));
+    if (!pool.ok()) return report_error(pool.status());
+    GeneratorOptions go;
+    go.prefill_chunk = o.prefill_chunk;
+    Generator generator(m, *pool, go);
+    GenerationStats stats;
+    auto baseline = generator.generate(requests, {}, &stats);
+    if (!baseline.ok()) return report_error(baseline.status());
+    baseline_tok_s = stats.decode_seconds > 0 ? static_cast<double>(stats.generated_tokens) / stats.decode_seconds : 0.0;
+    for (size_t i = 0; i < results.size(); ++i) {
+      const std::vector<int32_t>& a = results[i].generation.tokens;
+      const std::vector<int32_t>& b = (*baseline)[i].tokens;
+      int64_t diff = static_cast<int64_t>(std::max(a.size(), b.size()) - std::min(a.size(), b.size()));
+      for (size_t j = 0; j < std::min(a.size(), b.size()); ++j) {
+        if (a[j] != b[j]) {
+          ++diff;
+          if (first_mismatch[i] < 0) first_mismatch[i] = static_cast<int64_t>(j);
+        }
+      }
+      if (first_mismatch[i] < 0 && a.size() != b.size()) first_mismatch[i] = static_cast<int64_t>(std::min(a.size(), b.size()));
+      if (results[i].generation.finish != (*baseline)[i].finish && diff == 0) diff = 1;
+      mismatches += diff;
+      mismatched_requests += diff > 0 ? 1 : 0;
+    }
+  }
+
+  const Tokenizer& tok = m.tokenizer();
+  auto text_of = [&](const std::vector<int32_t>& ids) {
+    std::string s;
+    for (int32_t id : ids) s += tok.token_bytes(id);
+    return s;
+  };
+  std::vector<std::string> failures;
+  for (const EngineResult& r : results) {
+    if (!r.compressor_failure.empty()) failures.push_back("request " + std::to_string(r.request_id) + ": " + r.compressor_failure);
+  }
+  std::vector<double> per_position;
+  for (size_t i = 0; i < t.drafted_per_position.size(); ++i) {
+    per_position.push_back(t.drafted_per_position[i] > 0 ? static_cast<double>(t.accepted_per_position[i]) / t.drafted_per_position[i] : 0.0);
+  }
+  if (o.json) {
+    nlohmann::json out;
+    out["model"] = m.path();
+    out["compressor"] = compressor ? compressor->name() : "none";
+    if (compressor) out["compressor_path"] = compressor_path;
+    out["params"] = o.params;
+    out["ratio"] = o.ratio;
+    out["draft_length"] = o.draft_length;
+    out["draft_kv"] = o.draft_kv;
+    out["draft_sampling"] = o.draft_sampling;
+    out["temperature"] = o.temperature;
+    out["seed"] = o.seed;
+    out["batch"] = o.batch;
+    out["prompt_tokens"] = static_cast<int64_t>(prompt_ids->size());
+    out["verify"] = "in place (host store read by the CPU forward)";
+    out["requests"] = nlohmann::json::array();
+    for (size_t i = 0; i < results.size(); ++i) {
+      const EngineResult& r = results[i];
+      nlohmann::json j;
+      j["tokens"] = r.generation.tokens;
+      j["text"] = text_of(r.generation.tokens);
+      j["finish_reason"] = finish_reason_name(r.generation.finish);
+      j["mean_acceptance_length"] = r.metrics.mean_acceptance_length();
+      j["acceptance_rate"] = r.metrics.acceptance_rate();
+      j["verify_windows"] = r.metrics.verify_windows;
+      if (!r.compressor_failure.empty()) j["compressor_failure"] = r.compressor_failure;
+      if (o.check) j["first_mismatch"] = first_mismatch[i];
+      out["requests"].push_back(j);
+    }
+    out["generated_tokens"] = t.generated_tokens;
+    out["drafts"] = t.drafts;
+    out["draft_tokens"] = t.draft_tokens;
+    out["accepted_tokens"] = t.accepted_tokens;
+    out["mean_acceptance_length"] = t.mean_acceptance_length();
+    out["acceptance_rate"] = t.acceptance_rate();
+    out["acceptance_rate_per_position"] = per_position;
+    out["verify_windows"] = t.verify_windows;
+    out["draft_steps"] = t.draft_steps;
+    out["prefill_seconds"] = timer.prefill_seconds;
+    out["decode_seconds"] = decode_seconds;
+    out["throughput_tok_s"] = tok_s;
+    out["request_draft_seconds"] = t.draft_seconds;
+    out["request_verify_seconds"] = t.verify_seconds;
+    out["full_kv_slots"] = t.full_kv_slots;
+    out["resident_kv_slots"] = t.resident_kv_slots;
+    out["compressor_failures"] = failures;
+    out["threads"] = ThreadPool::global().threads();
+    if (o.check) {
+      out["mismatches"] = mismatches;
+      out["mismatched_requests"] = mismatched_requests;
+      out["baseline_tok_s"] = baseline_tok_s;
+      out["speedup"] = baseline_tok_s > 0 ? tok_s / baseline_tok_s : 0.0;
+    }
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (results.size() > 1) std::printf("=== request %zu (%s)\n", i, finish_reason_name(results[i].generation.finish));
+      std::printf("%s\n", text_of(results[i].generation.tokens).c_str());
+    }
+    std::fprintf(stderr, "\n[%s at c = %.3f, x = %lld, KV_comp keeps %s K/V | %lld tokens, %lld verify windows]\n",
+                 compressor ? compressor->name().c_str() : "no compressor (full copy)", o.ratio,
+                 static_cast<long long>(o.draft_length), o.draft_kv.c_str(), static_cast<long long>(t.generated_tokens),
+                 static_cast<long long>(t.verify_windows));
+    std::fprintf(stderr, "[mean acceptance length %.2f (1 + accepted/drafts, bonus included) | acceptance rate %.3f | decode %.1f tok/s]\n",
+                 t.mean_acceptance_length(), t.acceptance_rate(), tok_s);
+    std::fprintf(stderr, "[KV slots at the end: %lld resident (compressed) of %lld full]\n",
+                 static_cast<long long>(t.resident_kv_slots), static_cast<long long>(t.full_kv_slots));
+    for (const std::string& f : failures) std::fprintf(stderr, "[compressor failed, decoded on the full cache: %s]\n", f.c_str());
+    if (o.check) {
+      std::fprintf(stderr, "[check against full-KV decoding: %lld mismatching tokens in %lld of %lld requests%s | full-KV decode %.1f tok/s, speedup %.2fx]\n",
+                   static_cast<long long>(mismatches), static_cast<long long>(mismatched_requests),
+                   static_cast<long long>(results.size()), mismatches == 0 ? " (lossless)" : "", baseline_tok_s,
+                   baseline_tok_s > 0 ? tok_s / baseline_tok_s : 0.0);
+    }
+  }
+  return o.check && mismatches > 0 ? kExitFailure : kExitOk;
+}
+
+}  // namespace vericache::cli

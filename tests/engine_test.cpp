@@ -1,0 +1,522 @@
+// The draft–verify engine on the real model with the real plugins: greedy output token-identical
+// to full-KV decoding (Generator) over many prompts, plugins, ratios, draft lengths and batch sizes;
+// back-pressure from a small pool; an online compressor with rollbacks and requests joining; a
+// failing plugin; and sampled output that follows the full-KV distribution (chi-square tests).
+// Prompts: datasets/lossless_prompts/prompts.json (40 medium, 10 long).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+
+#include "compression_support.h"
+#include <vericache/plugin_abi.h>
+
+#include "engine/draft_verify_engine.h"
+#include "engine/generator.h"
+#include "loader/plugin_loader.h"
+#include "test_support.h"
+
+namespace vericache {
+namespace {
+
+struct Prompt {
+  std::string name;
+  std::vector<int32_t> ids;
+};
+
+std::vector<int32_t> prompt_ids(const LlamaModel& m, const std::string& text, bool chat) {
+  std::string rendered = text;
+  if (chat) rendered = m.chat_template()->render({{"user", text}}, /*add_generation_prompt=*/true);
+  std::vector<int32_t> ids = m.tokenizer().encode(rendered, /*parse_special=*/chat);
+  if (m.tokenizer().add_bos() && m.tokenizer().bos_id() >= 0) ids.insert(ids.begin(), m.tokenizer().bos_id());
+  return ids;
+}
+
+const std::vector<Prompt>& lossless_prompts() {
+  static const std::vector<Prompt> prompts = [] {
+    std::vector<Prompt> out;
+    const LlamaModel* m = testing::default_model();
+    if (m == nullptr) return out;
+    const auto j = nlohmann::json::parse(testing::read_file(testing::source_path("datasets/lossless_prompts/prompts.json")));
+    for (const auto& p : j.at("prompts")) out.push_back({p.at("name"), prompt_ids(*m, p.at("text"), p.at("chat"))});
+    return out;
+  }();
+  return prompts;
+}
+const Prompt& medium(int i) { return lossless_prompts()[i % 40]; }
+const Prompt& long_prompt(int i) { return lossless_prompts()[40 + i % 10]; }
+
+GenerationRequest request_for(const Prompt& p, int64_t max_tokens) {
+  GenerationRequest r;
+  r.prompt = p.ids;
+  r.max_new_tokens = max_tokens;
+  return r;
+}
+
+// Full-KV greedy decoding of `requests` with the Generator: the reference.
+std::vector<GenerationResult> full_kv(const LlamaModel& m, const std::vector<GenerationRequest>& requests) {
+  auto pool = m.make_page_pool(16, Generator::pages_needed(m, 16, requests));
+  EXPECT_TRUE(pool.ok());
+  Generator generator(m, *pool);
+  auto results = generator.generate(requests);
+  EXPECT_TRUE(results.ok()) << results.status().message();
+  return results.ok() ? *results : std::vector<GenerationResult>(requests.size());
+}
+
+struct EngineRun {
+  std::vector<EngineResult> results;  // by request id
+  RequestMetrics totals;
+  int64_t max_queued = 0;
+  int64_t steps = 0;
+};
+
+// Runs `requests` to completion. Pools of 0 pages are sized to hold every request at once.
+EngineRun run_engine(const LlamaModel& m, const EngineOptions& options, const std::vector<GenerationRequest>& requests,
+                     int64_t device_pages = 0, int64_t host_pages = 0) {
+  DraftVerifyEngine::PageDemand all;
+  for (const auto& r : requests) {
+    const auto d = DraftVerifyEngine::pages_for_request(m, options, 16, 16, r);
+    all.device += d.device;
+    all.host += d.host;
+  }
+  auto device = m.make_page_pool(16, device_pages > 0 ? device_pages : all.device);
+  auto host = m.make_page_pool(16, host_pages > 0 ? host_pages : all.host);
+  EXPECT_TRUE(device.ok() && host.ok());
+  EngineRun run;
+  {
+    DraftVerifyEngine engine(m, *device, *host, options);
+    for (const auto& r : requests) EXPECT_TRUE(engine.add_request(r).ok());
+    while (!engine.idle()) {
+      const Status s = engine.step();
+      EXPECT_TRUE(s.ok()) << s.message();
+      if (!s.ok()) break;
+      run.max_queued = std::max(run.max_queued, engine.queued());
+      ++run.steps;
+    }
+    run.results = engine.take_finished();
+    run.totals = engine.totals();
+  }
+  std::sort(run.results.begin(), run.results.end(), [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
+  EXPECT_EQ(device->num_free(), device->num_pages()) << "pages leaked";
+  EXPECT_EQ(host->num_free(), host->num_pages()) << "pages leaked";
+  return run;
+}
+
+// Every request's tokens and finish reason equal the reference's.
+void expect_identical(const EngineRun& run, const std::vector<GenerationResult>& reference, const std::string& label) {
+  ASSERT_EQ(run.results.size(), reference.size()) << label;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    const auto& got = run.results[i].generation;
+    EXPECT_EQ(got.tokens, reference[i].tokens) << label << ", request " << i;
+    EXPECT_EQ(got.finish, reference[i].finish) << label << ", request " << i;
+  }
+}
+
+std::shared_ptr<Compressor> plugin(const std::string& name) {
+  if (name == "none") return nullptr;
+  return testing::bundled_compressor(name, testing::params_for(name), *testing::default_model());
+}
+
+// The CI subset of the lossless matrix: every plugin at every ratio, every draft length and both
+// batch sizes, both ways of keeping accepted K/V; 40-token greedy continuations of medium prompts.
+TEST(Lossless, EveryPluginRatioDraftLengthAndBatch) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  struct Case {
+    double ratio;
+    int64_t x;
+    int batch;
+  };
+  const std::vector<Case> cases = {{0.1, 1, 8}, {0.25, 4, 1}, {0.5, 16, 8}, {0.25, 32, 1}};
+  const int64_t max_tokens = 40;
+  std::printf("%-20s %5s %3s %5s %-8s %9s %9s\n", "plugin", "c", "x", "batch", "draft_kv", "accept", "mean_len");
+  int prompt_offset = 0;
+  for (const std::string name : {"none", "snapkv", "expected_attention", "kvzip", "kvzap"}) {
+    auto compressor = plugin(name);
+    if (name != "none") {
+      ASSERT_NE(compressor, nullptr);
+    }
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const Case& c = cases[k];
+      if (name == "none" && k > 0) break;  // the identity: one case is enough
+      std::vector<GenerationRequest> requests;
+      for (int b = 0; b < c.batch; ++b) requests.push_back(request_for(medium(prompt_offset++), max_tokens));
+      EngineOptions options;
+      options.compressor = compressor.get();
+      options.ratio = c.ratio;
+      options.draft_length = name == "none" ? 32 : c.x;
+      options.draft_kv = k % 2 == 0 ? DraftKv::kVerified : DraftKv::kDrafted;
+      const EngineRun run = run_engine(*m, options, requests);
+      const std::string label = name + " c=" + std::to_string(c.ratio) + " x=" + std::to_string(options.draft_length) +
+                                " batch=" + std::to_string(c.batch);
+      expect_identical(run, full_kv(*m, requests), label);
+      for (const EngineResult& r : run.results) {
+        EXPECT_EQ(r.compressor_failure, "") << label;
+        if (name != "none") {
+          EXPECT_LT(r.metrics.resident_kv_slots, r.metrics.full_kv_slots) << label << ": nothing was compressed";
+        }
+      }
+      if (name == "none") {
+        EXPECT_EQ(run.totals.acceptance_rate(), 1.0) << "drafting on a full copy must accept every draft";
+      }
+      EXPECT_GT(run.totals.drafts, 0) << label;
+      std::printf("%-20s %5.2f %3lld %5d %-8s %9.3f %9.2f\n", name.c_str(), c.ratio,
+                  static_cast<long long>(options.draft_length), c.batch, draft_kv_name(options.draft_kv),
+                  run.totals.acceptance_rate(), run.totals.mean_acceptance_length());
+    }
+  }
+}
+
+// Long prompts (2K-3.5K tokens): every plugin at c = 0.25, two requests per engine.
+TEST(Lossless, LongPrompts) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  const std::vector<GenerationRequest> requests = {request_for(long_prompt(0), 24), request_for(long_prompt(1), 24)};
+  ASSERT_GE(requests[0].prompt.size(), 2000u);
+  const std::vector<GenerationResult> reference = full_kv(*m, requests);
+  for (const std::string name : {"snapkv", "expected_attention", "kvzip", "kvzap"}) {
+    auto compressor = plugin(name);
+    ASSERT_NE(compressor, nullptr);
+    EngineOptions options;
+    options.compressor = compressor.get();
+    options.ratio = 0.25;
+    options.draft_length = 16;
+    const EngineRun run = run_engine(*m, options, requests);
+    expect_identical(run, reference, name + " on long prompts");
+    for (const EngineResult& r : run.results) EXPECT_EQ(r.compressor_failure, "") << name;
+    std::printf("%-20s long prompts: acceptance %.3f, mean acceptance length %.2f\n", name.c_str(),
+                run.totals.acceptance_rate(), run.totals.mean_acceptance_length());
+  }
+}
+
+TEST(Engine, SmallPoolMakesRequestsWaitNotFail) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  auto compressor = plugin("snapkv");
+  EngineOptions options;
+  options.compressor = compressor.get();
+  options.draft_length = 8;
+  std::vector<GenerationRequest> requests;
+  int64_t largest = 0, largest_host = 0;
+  for (int i = 0; i < 6; ++i) {
+    requests.push_back(request_for(medium(i + 3), 24));
+    const auto d = DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests.back());
+    largest = std::max(largest, d.device);
+    largest_host = std::max(largest_host, d.host);
+  }
+  // Room for the largest request and a little more: the others wait their turn.
+  const EngineRun run = run_engine(*m, options, requests, largest + 40, largest_host + 40);
+  EXPECT_GE(run.max_queued, 4);
+  expect_identical(run, full_kv(*m, requests), "small pool");
+
+  // A request that can never fit is refused up front, with the numbers.
+  auto device = m->make_page_pool(16, 100);
+  auto host = m->make_page_pool(16, 100);
+  DraftVerifyEngine engine(*m, *device, *host, options);
+  const auto id = engine.add_request(requests[0]);
+  EXPECT_EQ(id.status().message(), "request 0 can never fit: it needs up to " +
+                                       std::to_string(DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests[0]).device) +
+                                       " resident device pages (pool: 100) and " +
+                                       std::to_string(DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests[0]).host) +
+                                       " host pages (pool: 100)");
+  GenerationRequest empty;
+  EXPECT_EQ(engine.add_request(empty).status().message(), "request 0: the prompt is empty");
+}
+
+// KVzap drops tokens after every verify window while drafts are rolled back and requests join
+// and leave between steps.
+TEST(Engine, OnlineCompressorWithRollbackAndJoiningRequests) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  auto compressor = plugin("kvzap");
+  ASSERT_NE(compressor, nullptr);
+  for (DraftKv mode : {DraftKv::kDrafted, DraftKv::kVerified}) {
+    EngineOptions options;
+    options.compressor = compressor.get();
+    options.ratio = 0.25;
+    options.draft_length = 6;
+    options.draft_kv = mode;
+    std::vector<GenerationRequest> requests = {request_for(medium(20), 12), request_for(medium(21), 30),
+                                               request_for(medium(22), 20), request_for(medium(23), 26)};
+    requests[3].ignore_eos = true;
+    const std::vector<int64_t> join_at_step = {0, 0, 5, 17};
+    DraftVerifyEngine::PageDemand all;
+    for (const auto& r : requests) {
+      const auto d = DraftVerifyEngine::pages_for_request(*m, options, 16, 16, r);
+      all.device += d.device;
+      all.host += d.host;
+    }
+    auto device = m->make_page_pool(16, all.device);
+    auto host = m->make_page_pool(16, all.host);
+    std::vector<EngineResult> results;
+    {
+      DraftVerifyEngine engine(*m, *device, *host, options);
+      size_t joined = 0;
+      for (int64_t step = 0; joined < requests.size() || !engine.idle(); ++step) {
+        while (joined < requests.size() && join_at_step[joined] <= step) ASSERT_TRUE(engine.add_request(requests[joined++]).ok());
+        ASSERT_TRUE(engine.step().ok());
+        ASSERT_LT(step, 10000);
+      }
+      results = engine.take_finished();
+      const RequestMetrics& t = engine.totals();
+      EXPECT_LT(t.accepted_tokens, t.draft_tokens) << "no draft was rejected: nothing was rolled back";
+      EXPECT_LT(t.resident_kv_slots, t.full_kv_slots);
+    }
+    std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
+    EngineRun run;
+    run.results = results;
+    expect_identical(run, full_kv(*m, requests), std::string("kvzap, K/V ") + draft_kv_name(mode));
+    for (const EngineResult& r : results) EXPECT_EQ(r.compressor_failure, "");
+    EXPECT_EQ(device->num_free(), device->num_pages());
+  }
+}
+
+TEST(Engine, FailingCompressorFallsBackToFullKv) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  auto loaded = load_compressor(std::string(VC_FIXTURE_PLUGIN_DIR) + "/vc_plugin_throwing_compress.so", "{}");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  EngineOptions options;
+  options.compressor = loaded->get();
+  const std::vector<GenerationRequest> requests = {request_for(medium(5), 16), request_for(medium(6), 16)};
+  const EngineRun run = run_engine(*m, options, requests);
+  expect_identical(run, full_kv(*m, requests), "failing compressor");
+  for (const EngineResult& r : run.results) {
+    EXPECT_EQ(r.compressor_failure, "throwing_compress: scores went NaN");
+    EXPECT_EQ(r.metrics.drafts, 0);
+  }
+}
+
+TEST(Engine, RejectsBadOptions) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  auto device = m->make_page_pool(16, 10);
+  auto host = m->make_page_pool(16, 10);
+  EngineOptions options;
+  options.draft_length = 0;
+  DraftVerifyEngine engine(*m, *device, *host, options);
+  EXPECT_EQ(engine.add_request(request_for(medium(0), 4)).status().message(), "draft length must be in [1, 1024], got 0");
+  options.draft_length = 4;
+  options.ratio = 1.5;
+  DraftVerifyEngine engine2(*m, *device, *host, options);
+  EXPECT_EQ(engine2.validate_options().message(), "ratio must be in (0, 1], got 1.500000");
+}
+
+// ---- Sampling (T > 0) ----------------------------------------------------------------------
+
+// Chi-square critical value at significance 0.001 (Wilson–Hilferty approximation, within 1% for
+// the degrees of freedom used here).
+double chi2_critical_001(int dof) {
+  const double z = 3.090232;  // the standard normal's 0.999 quantile
+  const double a = 2.0 / (9.0 * dof);
+  return dof * std::pow(1.0 - a + z * std::sqrt(a), 3);
+}
+
+// Goodness of fit of `counts` against `expected` probabilities (cells with an expected count
+// below 5 are pooled into one). Returns {chi2, degrees of freedom}.
+std::pair<double, int> chi_square(const std::map<std::vector<int32_t>, int64_t>& counts,
+                                  const std::map<std::vector<int32_t>, double>& expected, int64_t n) {
+  double chi2 = 0, pooled_obs = 0, pooled_exp = 0;
+  int cells = 0;
+  for (const auto& [key, p] : expected) {
+    const double e = p * static_cast<double>(n);
+    const auto it = counts.find(key);
+    const double o = it == counts.end() ? 0.0 : static_cast<double>(it->second);
+    if (e < 5) {
+      pooled_obs += o;
+      pooled_exp += e;
+      continue;
+    }
+    chi2 += (o - e) * (o - e) / e;
+    ++cells;
+  }
+  int64_t outside = 0;  // outcomes with probability 0 under the target must never happen
+  for (const auto& [key, c] : counts) {
+    if (!expected.count(key)) outside += c;
+  }
+  EXPECT_EQ(outside, 0) << "outputs outside the full-KV distribution's support";
+  if (pooled_exp > 0) {
+    chi2 += (pooled_obs - pooled_exp) * (pooled_obs - pooled_exp) / pooled_exp;
+    ++cells;
+  }
+  return {chi2, cells - 1};
+}
+
+// Full-KV and compressed-cache logits after the prompt plus a continuation, computed by real
+// forwards over caches built the engine's way (prefill, compress), rolled back after each.
+class Distributions {
+ public:
+  Distributions(const LlamaModel& m, Compressor& compressor, const std::vector<int32_t>& prompt, double ratio)
+      : m_(m), full_(testing::run_compression(m, identity_, prompt, 1.0)),
+        comp_(testing::run_compression(m, compressor, prompt, ratio)), n_(static_cast<int64_t>(prompt.size())) {
+    EXPECT_TRUE(full_->status.ok() && comp_->status.ok());
+    // The prompt's own next-token logits (what the engine's prefill gives), from a fresh prefill.
+    auto pool = m.make_page_pool(16, m.config().n_layers * (n_ / 16 + 2));
+    SequenceKv kv(m.config().n_layers);
+    std::vector<int32_t> positions(prompt.size());
+    for (size_t i = 0; i < prompt.size(); ++i) positions[i] = static_cast<int32_t>(i);
+    ForwardItem item{prompt, positions, &kv, &*pool, LogitRows::kLast, 0};
+    at::Tensor out;
+    EXPECT_TRUE(m.forward(std::span(&item, 1), &out).ok());
+    first_.assign(out[0].data_ptr<float>(), out[0].data_ptr<float>() + m.config().vocab_size);
+    kv.release(*pool);
+  }
+
+  const std::vector<float>& after_prompt() const { return first_; }
+  // Logits [vocab] of the full (or compressed) cache after the prompt and `continuation` (not empty).
+  const std::vector<float>& logits(bool full, const std::vector<int32_t>& continuation) {
+    auto& memo = full ? full_memo_ : comp_memo_;
+    auto it = memo.find(continuation);
+    if (it != memo.end()) return it->second;
+    testing::CompressionRun& run = full ? *full_ : *comp_;
+    std::vector<int32_t> positions;
+    for (size_t i = 0; i < continuation.size(); ++i) positions.push_back(static_cast<int32_t>(n_ + static_cast<int64_t>(i)));
+    ForwardItem item{continuation, positions, &run.kv, &run.pool, LogitRows::kLast, 0};
+    at::Tensor out;
+    EXPECT_TRUE(m_.forward(std::span(&item, 1), &out).ok());
+    run.kv.truncate_positions(run.pool, n_);
+    const float* p = out[0].data_ptr<float>();
+    return memo.emplace(continuation, std::vector<float>(p, p + m_.config().vocab_size)).first->second;
+  }
+
+ private:
+  class Identity : public CompressorBase {  // keeps everything: the full cache
+   public:
+    Identity() : CompressorBase("identity", CompressorFamily::kTokenDropping, CompressionMode::kOnline, kAllScenarios) {}
+  };
+  const LlamaModel& m_;
+  Identity identity_;
+  std::unique_ptr<testing::CompressionRun> full_, comp_;
+  int64_t n_;
+  std::vector<float> first_;
+  std::map<std::vector<int32_t>, std::vector<float>> full_memo_, comp_memo_;
+};
+
+// The engine's loop replayed on real logits for thousands of seeds: the first token from the
+// full-KV prefill, then windows of x = 2 drafts verified with verify_sampled, as the engine runs
+// them. The first one, two and three tokens must follow full-KV sampling exactly.
+TEST(Sampling, OutputFollowsTheFullKvDistribution) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  auto compressor = plugin("expected_attention");
+  ASSERT_NE(compressor, nullptr);
+  Distributions d(*m, *compressor, medium(7).ids, 0.1);
+  const int64_t vocab = m->config().vocab_size, n = 20000;
+  for (double temperature : {0.3, 0.7, 1.0}) {
+    const SamplingParams params{temperature, 4, 1.0, 0};
+    auto p = [&](const std::vector<int32_t>& ctx) { return dense_distribution(d.logits(true, ctx).data(), vocab, params); };
+    // Exact full-KV probabilities of the first one, two and three tokens.
+    std::map<std::vector<int32_t>, double> expected[3];
+    const std::vector<float> p0 = dense_distribution(d.after_prompt().data(), vocab, params);
+    for (int32_t a = 0; a < vocab; ++a) {
+      if (p0[a] <= 0) continue;
+      expected[0][{a}] = p0[a];
+      const std::vector<float> p1 = p({a});
+      for (int32_t b = 0; b < vocab; ++b) {
+        if (p1[b] <= 0) continue;
+        expected[1][{a, b}] = static_cast<double>(p0[a]) * p1[b];
+        const std::vector<float> p2 = p({a, b});
+        for (int32_t c = 0; c < vocab; ++c) {
+          if (p2[c] > 0) expected[2][{a, b, c}] = static_cast<double>(p0[a]) * p1[b] * p2[c];
+        }
+      }
+    }
+    for (DraftSampling mode : {DraftSampling::kSampled, DraftSampling::kArgmax}) {
+      std::map<std::vector<int32_t>, int64_t> counts[3];
+      int64_t accepted = 0, drafted = 0;
+      for (int64_t seed = 0; seed < n; ++seed) {
+        Rng rng(seed), draft_rng(seed ^ 0x5851f42d4c957f2dull);
+        std::vector<int32_t> out{select_token(d.after_prompt().data(), vocab, params, rng)};
+        while (out.size() < 3) {
+          std::vector<int32_t> drafts, ctx = out;
+          std::vector<std::vector<float>> qs;
+          for (int i = 0; i < 2; ++i) {
+            const std::vector<float>& lossy = d.logits(false, ctx);
+            qs.push_back(dense_distribution(lossy.data(), vocab, params));
+            const int32_t t = mode == DraftSampling::kArgmax ? argmax(lossy.data(), vocab) : sample_dense(qs.back(), draft_rng);
+            drafts.push_back(t);
+            ctx.push_back(t);
+          }
+          std::vector<float> rows;
+          for (int i = 0; i <= 2; ++i) {
+            std::vector<int32_t> prefix = out;
+            prefix.insert(prefix.end(), drafts.begin(), drafts.begin() + i);
+            const std::vector<float>& l = d.logits(true, prefix);
+            rows.insert(rows.end(), l.begin(), l.end());
+          }
+          const WindowVerdict v = verify_sampled(drafts, qs, mode, rows.data(), vocab, params, rng);
+          accepted += v.accepted;
+          drafted += 2;
+          for (int64_t i = 0; i < v.accepted; ++i) out.push_back(drafts[i]);
+          out.push_back(v.next);
+        }
+        for (int k = 0; k < 3; ++k) ++counts[k][std::vector<int32_t>(out.begin(), out.begin() + k + 1)];
+      }
+      std::printf("T=%.1f %-7s drafts: acceptance %.3f", temperature, draft_sampling_name(mode),
+                  static_cast<double>(accepted) / drafted);
+      for (int k = 0; k < 3; ++k) {
+        const auto [chi2, dof] = chi_square(counts[k], expected[k], n);
+        std::printf(" | %d token%s chi2 %.1f (dof %d, critical %.1f)", k + 1, k ? "s" : "", chi2, dof, chi2_critical_001(dof));
+        EXPECT_LT(chi2, chi2_critical_001(dof)) << "T=" << temperature << " " << draft_sampling_name(mode) << ", " << k + 1 << " tokens";
+      }
+      std::printf("\n");
+      EXPECT_LT(accepted, drafted) << "no rejection: the test would not exercise the residual";
+    }
+  }
+}
+
+// The engine itself at T > 0: the same seeds give the same outputs, and every emitted token lies in
+// the full-KV top-k at its position (a draft from the compressed cache outside it must be rejected).
+TEST(Sampling, EngineIsSeededAndStaysInTheTargetSupport) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  auto compressor = plugin("expected_attention");
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    requests.push_back(request_for(medium(11), 10));
+    requests.back().sampling = {1.0, 3, 1.0, static_cast<uint64_t>(100 + i)};
+  }
+  for (DraftSampling mode : {DraftSampling::kSampled, DraftSampling::kArgmax}) {
+    EngineOptions options;
+    options.compressor = compressor.get();
+    options.ratio = 0.1;
+    options.draft_length = 4;
+    options.draft_sampling = mode;
+    const EngineRun a = run_engine(*m, options, requests);
+    const EngineRun b = run_engine(*m, options, requests);
+    ASSERT_EQ(a.results.size(), requests.size());
+    std::set<std::vector<int32_t>> distinct;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(a.results[i].generation.tokens, b.results[i].generation.tokens) << "request " << i;
+      distinct.insert(a.results[i].generation.tokens);
+      // Full-KV logits at every output position, in one forward over prompt + output.
+      std::vector<int32_t> all = requests[i].prompt;
+      const std::vector<int32_t>& out = a.results[i].generation.tokens;
+      all.insert(all.end(), out.begin(), out.end());
+      std::vector<int32_t> positions(all.size());
+      for (size_t j = 0; j < all.size(); ++j) positions[j] = static_cast<int32_t>(j);
+      auto pool = m->make_page_pool(16, m->config().n_layers * (static_cast<int64_t>(all.size()) / 16 + 2));
+      SequenceKv kv(m->config().n_layers);
+      ForwardItem item{all, positions, &kv, &*pool, LogitRows::kAll, 0};
+      at::Tensor logits;
+      ASSERT_TRUE(m->forward(std::span(&item, 1), &logits).ok());
+      for (size_t j = 0; j < out.size(); ++j) {
+        const std::vector<float> p = dense_distribution(logits[requests[i].prompt.size() - 1 + j].data_ptr<float>(),
+                                                        m->config().vocab_size, requests[i].sampling);
+        EXPECT_GT(p[out[j]], 0.0f) << "request " << i << ", token " << j << " is outside the full-KV top-3";
+      }
+      kv.release(*pool);
+    }
+    EXPECT_GT(distinct.size(), 1u) << "different seeds should give different samples";
+    EXPECT_LT(a.totals.accepted_tokens, a.totals.draft_tokens);
+  }
+}
+
+}  // namespace
+}  // namespace vericache
