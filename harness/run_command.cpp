@@ -45,6 +45,9 @@ struct RunOptions {
   std::string draft_sampling = "sampled";
   int64_t resident_pages = 0;
   int64_t host_pages = 0;
+  std::string verify = "in-place";
+  double link_gbps = 0;
+  int64_t transient_pages = 0;
   std::vector<std::string> plugin_dirs;
   bool check = false;
   bool json = false;
@@ -56,7 +59,8 @@ po::options_description describe(RunOptions& o) {
       "vericache run: lossless decoding with VeriCache. Each request drafts --draft-length tokens on its\n"
       "compressed KV cache (the compressor keeps --ratio of it), then verifies them in one forward over\n"
       "its full KV cache: greedy output is token-identical to full-KV decoding, sampled output has the\n"
-      "full-KV distribution. On this CPU the full cache is verified in place (no copy).\n\nOptions");
+      "full-KV distribution. By default the full cache is verified in place (no copy); --verify transfer\n"
+      "copies it into transient pages first, optionally over an emulated link (--link-gbps).\n\nOptions");
   // clang-format off
   d.add_options()
     ("help,h", "print this help and exit")
@@ -88,6 +92,13 @@ po::options_description describe(RunOptions& o) {
     ("resident-pages", po::value(&o.resident_pages)->default_value(0),
      "resident pages for compressed caches; 0: enough for every request at once (fewer: requests wait)")
     ("host-pages", po::value(&o.host_pages)->default_value(0), "host-store pages for full caches; 0: enough for every request at once")
+    ("verify", po::value(&o.verify)->default_value("in-place"),
+     "in-place: verify reads the full cache in the host store; transfer: the transfer engine copies it into "
+     "transient device pages while the request drafts, and verification reads the copy")
+    ("link-gbps", po::value(&o.link_gbps)->default_value(0.0),
+     "with --verify transfer: pace the copies as an emulated link of this many GB/s (0: memory speed)")
+    ("transient-pages", po::value(&o.transient_pages)->default_value(0),
+     "with --verify transfer: transient pages for full-cache copies; 0: one verify window per request at once")
     ("plugin-dir", po::value(&o.plugin_dirs)->composing(), "also search this folder for plugins (repeatable)")
     ("progress", po::bool_switch(&o.progress), "print a progress line on stderr (default when stderr is a terminal)")
     ("json", po::bool_switch(&o.json), "print one JSON object with the texts and metrics");
@@ -113,7 +124,16 @@ Status check_options(const RunOptions& o) {
   if (o.draft_sampling != "sampled" && o.draft_sampling != "argmax") {
     return Status::invalid_argument("--draft-sampling must be 'sampled' or 'argmax', got '" + o.draft_sampling + "'");
   }
-  if (o.resident_pages < 0 || o.host_pages < 0) return Status::invalid_argument("--resident-pages and --host-pages must be >= 0");
+  if (o.resident_pages < 0 || o.host_pages < 0 || o.transient_pages < 0) {
+    return Status::invalid_argument("--resident-pages, --host-pages and --transient-pages must be >= 0");
+  }
+  if (o.verify != "in-place" && o.verify != "transfer") {
+    return Status::invalid_argument("--verify must be 'in-place' or 'transfer', got '" + o.verify + "'");
+  }
+  if (!(o.link_gbps >= 0 && o.link_gbps <= 1e6)) return Status::invalid_argument("--link-gbps must be in [0, 1e6]");
+  if (o.verify != "transfer" && (o.link_gbps > 0 || o.transient_pages > 0)) {
+    return Status::invalid_argument("--link-gbps and --transient-pages need --verify transfer");
+  }
   if (o.check && o.temperature > 0) {
     return Status::invalid_argument(
         "--check compares tokens, which only greedy decoding (--temperature 0) makes identical; at T > 0 "
@@ -187,7 +207,8 @@ int run_run(int argc, char** argv) {
       "  vericache run --check -f datasets/prompts/document_2k.txt            # KVzip c = 0.25, x = 16\n"
       "  vericache run --check --compressor snapkv -c 0.1 -x 8 -f doc.txt --json\n"
       "  vericache run -p \"Write a haiku about the sea.\" -t 0.7 --seed 3 --compressor expected_attention\n"
-      "  vericache run --check --compressor none -p \"hello\"     # draft on a full copy: every draft is accepted\n";
+      "  vericache run --check --compressor none -p \"hello\"     # draft on a full copy: every draft is accepted\n"
+      "  vericache run --check --verify transfer --link-gbps 8 -f doc.txt   # verify from copies over an emulated 8 GB/s link\n";
   if (auto done = parse_command_line("run", desc, examples, argc, argv, &vm)) return *done;
   if (Status s = check_options(o); !s.ok()) return report_usage_error("run", s.message());
   auto prompt_text = read_prompt(o.prompt, o.prompt_file);
@@ -224,13 +245,21 @@ int run_run(int argc, char** argv) {
   options.prefill_chunk = o.prefill_chunk;
   options.draft_kv = o.draft_kv == "drafted" ? DraftKv::kDrafted : DraftKv::kVerified;
   options.draft_sampling = o.draft_sampling == "argmax" ? DraftSampling::kArgmax : DraftSampling::kSampled;
+  std::unique_ptr<TransferEngine> transfer;
+  if (o.verify == "transfer") {
+    transfer = std::make_unique<TransferEngine>(TransferOptions{o.link_gbps * 1e9});
+    options.transfer = transfer.get();
+  }
   DraftVerifyEngine::PageDemand all;
   for (const GenerationRequest& r : requests) {
     const auto d = DraftVerifyEngine::pages_for_request(m, options, o.page_size, o.page_size, r);
     all.device += d.device;
     all.host += d.host;
+    all.transient += d.transient;
   }
-  auto device_pool = m.make_page_pool(o.page_size, o.resident_pages > 0 ? o.resident_pages : all.device);
+  PagePoolOptions device_options{o.resident_pages > 0 ? o.resident_pages : all.device,
+                                 o.transient_pages > 0 ? o.transient_pages : all.transient, m.dtype(), m.device(), false};
+  auto device_pool = PagePool::create(m.kv_page_spec(o.page_size), device_options);
   if (!device_pool.ok()) return report_error(device_pool.status());
   auto host_pool = m.make_page_pool(o.page_size, o.host_pages > 0 ? o.host_pages : all.host);
   if (!host_pool.ok()) return report_error(host_pool.status());
@@ -312,7 +341,16 @@ int run_run(int argc, char** argv) {
     out["seed"] = o.seed;
     out["batch"] = o.batch;
     out["prompt_tokens"] = static_cast<int64_t>(prompt_ids->size());
-    out["verify"] = "in place (host store read by the CPU forward)";
+    out["verify"] = transfer ? "transfer into transient pages (" + transfer->describe() + ")"
+                             : "in place (host store read by the CPU forward)";
+    if (transfer) {
+      const TransferStats ts = transfer->stats();
+      out["transfer_bytes"] = ts.bytes;
+      out["transfers"] = ts.transfers;
+      out["transfer_busy_seconds"] = ts.busy_seconds;
+      out["transfer_wait_seconds"] = t.transfer_wait_seconds;
+      out["link"] = transfer->describe();
+    }
     out["requests"] = nlohmann::json::array();
     for (size_t i = 0; i < results.size(); ++i) {
       const EngineResult& r = results[i];
@@ -365,6 +403,12 @@ int run_run(int argc, char** argv) {
                  t.mean_acceptance_length(), t.acceptance_rate(), tok_s);
     std::fprintf(stderr, "[KV slots at the end: %lld resident (compressed) of %lld full]\n",
                  static_cast<long long>(t.resident_kv_slots), static_cast<long long>(t.full_kv_slots));
+    if (transfer) {
+      const TransferStats ts = transfer->stats();
+      std::fprintf(stderr, "[verification from transient pages: %lld copies of KV_full, %.1f MB over %s, %.3f s waited]\n",
+                   static_cast<long long>(ts.transfers), static_cast<double>(ts.bytes) / 1e6, transfer->describe().c_str(),
+                   t.transfer_wait_seconds);
+    }
     for (const std::string& f : failures) std::fprintf(stderr, "[compressor failed, decoded on the full cache: %s]\n", f.c_str());
     if (o.check) {
       std::fprintf(stderr, "[check against full-KV decoding: %lld mismatching tokens in %lld of %lld requests%s | full-KV decode %.1f tok/s, speedup %.2fx]\n",

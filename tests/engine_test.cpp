@@ -293,6 +293,57 @@ TEST(Engine, FailingCompressorFallsBackToFullKv) {
   }
 }
 
+// Verification from copies of KV_full in transient pages, filled over an emulated link while the
+// requests draft; transient pages for one window at a time, so windows queue for them.
+TEST(Engine, VerifyFromTransientCopiesOverAnEmulatedLink) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  auto compressor = plugin("snapkv");
+  TransferEngine transfer(TransferOptions{2e9});
+  EngineOptions options;
+  options.compressor = compressor.get();
+  options.draft_length = 8;
+  options.transfer = &transfer;
+  std::vector<GenerationRequest> requests;
+  DraftVerifyEngine::PageDemand all;
+  int64_t largest_transient = 0;
+  for (int i = 0; i < 4; ++i) {
+    requests.push_back(request_for(medium(30 + i), 20));
+    const auto d = DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests.back());
+    all.device += d.device;
+    all.host += d.host;
+    largest_transient = std::max(largest_transient, d.transient);
+  }
+  auto device = PagePool::create(m->kv_page_spec(16), PagePoolOptions{all.device, largest_transient, at::kFloat, at::kCPU, false});
+  auto host = m->make_page_pool(16, all.host);
+  ASSERT_TRUE(device.ok() && host.ok());
+  EngineRun run;
+  {
+    DraftVerifyEngine engine(*m, *device, *host, options);
+    for (const auto& r : requests) ASSERT_TRUE(engine.add_request(r).ok());
+    ASSERT_TRUE(engine.run().ok());
+    run.results = engine.take_finished();
+    run.totals = engine.totals();
+  }
+  std::sort(run.results.begin(), run.results.end(), [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
+  expect_identical(run, full_kv(*m, requests), "verify from transient copies");
+  const TransferStats stats = transfer.stats();
+  EXPECT_EQ(stats.transfers, run.totals.verify_windows);
+  EXPECT_EQ(stats.bytes, run.totals.transfer_bytes);
+  EXPECT_GT(stats.bytes, 0);
+  EXPECT_EQ(transfer.describe(), "emulated link at 2.00 GB/s");
+  EXPECT_EQ(device->num_free(PageKind::kTransient), largest_transient);
+  EXPECT_EQ(device->num_free(PageKind::kResident), all.device);
+
+  // Too few transient pages for one window: refused up front.
+  auto tiny = PagePool::create(m->kv_page_spec(16), PagePoolOptions{all.device, 30, at::kFloat, at::kCPU, false});
+  DraftVerifyEngine engine(*m, *tiny, *host, options);
+  EXPECT_EQ(engine.add_request(requests[0]).status().message(),
+            "request 0 can never be verified: its full cache needs up to " +
+                std::to_string(DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests[0]).transient) +
+                " transient device pages (pool: 30)");
+}
+
 TEST(Engine, RejectsBadOptions) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
@@ -410,18 +461,29 @@ TEST(Sampling, OutputFollowsTheFullKvDistribution) {
   const int64_t vocab = m->config().vocab_size, n = 20000;
   for (double temperature : {0.3, 0.7, 1.0}) {
     const SamplingParams params{temperature, 4, 1.0, 0};
-    auto p = [&](const std::vector<int32_t>& ctx) { return dense_distribution(d.logits(true, ctx).data(), vocab, params); };
+    // Dense distributions per context, computed once per temperature.
+    std::map<std::vector<int32_t>, std::vector<float>> p_memo, q_memo;
+    auto p = [&](const std::vector<int32_t>& ctx) -> const std::vector<float>& {
+      auto it = p_memo.find(ctx);
+      if (it == p_memo.end()) it = p_memo.emplace(ctx, dense_distribution(d.logits(true, ctx).data(), vocab, params)).first;
+      return it->second;
+    };
+    auto q = [&](const std::vector<int32_t>& ctx) -> const std::vector<float>& {
+      auto it = q_memo.find(ctx);
+      if (it == q_memo.end()) it = q_memo.emplace(ctx, dense_distribution(d.logits(false, ctx).data(), vocab, params)).first;
+      return it->second;
+    };
     // Exact full-KV probabilities of the first one, two and three tokens.
     std::map<std::vector<int32_t>, double> expected[3];
     const std::vector<float> p0 = dense_distribution(d.after_prompt().data(), vocab, params);
     for (int32_t a = 0; a < vocab; ++a) {
       if (p0[a] <= 0) continue;
       expected[0][{a}] = p0[a];
-      const std::vector<float> p1 = p({a});
+      const std::vector<float>& p1 = p({a});
       for (int32_t b = 0; b < vocab; ++b) {
         if (p1[b] <= 0) continue;
         expected[1][{a, b}] = static_cast<double>(p0[a]) * p1[b];
-        const std::vector<float> p2 = p({a, b});
+        const std::vector<float>& p2 = p({a, b});
         for (int32_t c = 0; c < vocab; ++c) {
           if (p2[c] > 0) expected[2][{a, b, c}] = static_cast<double>(p0[a]) * p1[b] * p2[c];
         }
@@ -437,20 +499,19 @@ TEST(Sampling, OutputFollowsTheFullKvDistribution) {
           std::vector<int32_t> drafts, ctx = out;
           std::vector<std::vector<float>> qs;
           for (int i = 0; i < 2; ++i) {
-            const std::vector<float>& lossy = d.logits(false, ctx);
-            qs.push_back(dense_distribution(lossy.data(), vocab, params));
-            const int32_t t = mode == DraftSampling::kArgmax ? argmax(lossy.data(), vocab) : sample_dense(qs.back(), draft_rng);
+            qs.push_back(q(ctx));
+            const int32_t t = mode == DraftSampling::kArgmax ? argmax(d.logits(false, ctx).data(), vocab)
+                                                             : sample_dense(qs.back(), draft_rng);
             drafts.push_back(t);
             ctx.push_back(t);
           }
-          std::vector<float> rows;
+          std::vector<std::vector<float>> rows;
           for (int i = 0; i <= 2; ++i) {
             std::vector<int32_t> prefix = out;
             prefix.insert(prefix.end(), drafts.begin(), drafts.begin() + i);
-            const std::vector<float>& l = d.logits(true, prefix);
-            rows.insert(rows.end(), l.begin(), l.end());
+            rows.push_back(p(prefix));
           }
-          const WindowVerdict v = verify_sampled(drafts, qs, mode, rows.data(), vocab, params, rng);
+          const WindowVerdict v = verify_sampled(drafts, qs, mode, rows, rng);
           accepted += v.accepted;
           drafted += 2;
           for (int64_t i = 0; i < v.accepted; ++i) out.push_back(drafts[i]);
@@ -477,9 +538,10 @@ TEST(Sampling, EngineIsSeededAndStaysInTheTargetSupport) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
   auto compressor = plugin("expected_attention");
+  const Prompt story{"story", prompt_ids(*m, "Tell me a short story about a cat who learns to sail.", true)};
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 8; ++i) {
-    requests.push_back(request_for(medium(11), 10));
+    requests.push_back(request_for(story, 12));
     requests.back().sampling = {1.0, 3, 1.0, static_cast<uint64_t>(100 + i)};
   }
   for (DraftSampling mode : {DraftSampling::kSampled, DraftSampling::kArgmax}) {

@@ -66,13 +66,14 @@ TEST(Verification, SampledWindowOutputFollowsTheTargetDistribution) {
       const SamplingParams params{temperature, 0, 1.0, 0};
       const std::vector<float> p = dense_distribution(target.data(), vocab, params);
       const std::vector<float> q = dense_distribution(draft.data(), vocab, params);
+      const std::vector<std::vector<float>> rows{p, dense_distribution(target.data() + vocab, vocab, params)};
       std::vector<int64_t> counts(vocab, 0);
       int64_t accepted = 0;
       Rng rng(7), draft_rng(11);
       for (int64_t i = 0; i < n; ++i) {
         const int32_t d = mode == DraftSampling::kArgmax ? argmax(draft.data(), vocab) : sample_dense(q, draft_rng);
         const std::vector<std::vector<float>> qs{q};
-        const WindowVerdict v = verify_sampled(std::vector<int32_t>{d}, qs, mode, target.data(), vocab, params, rng);
+        const WindowVerdict v = verify_sampled(std::vector<int32_t>{d}, qs, mode, rows, rng);
         accepted += v.accepted;
         ++counts[v.accepted == 1 ? d : v.next];
       }
@@ -96,11 +97,13 @@ TEST(Verification, TopKAppliesToBothDistributions) {
   const std::vector<float> draft = {-1.0f, 0.0f, 3.0f, 2.9f};
   const SamplingParams params{1.0, 2, 1.0, 0};
   const std::vector<float> q = dense_distribution(draft.data(), vocab, params);
+  const std::vector<std::vector<float>> rows{dense_distribution(target.data(), vocab, params),
+                                             dense_distribution(target.data() + vocab, vocab, params)};
   Rng rng(1), draft_rng(2);
   for (int i = 0; i < 2000; ++i) {
     const int32_t d = sample_dense(q, draft_rng);
     const std::vector<std::vector<float>> qs{q};
-    const WindowVerdict v = verify_sampled(std::vector<int32_t>{d}, qs, DraftSampling::kSampled, target.data(), vocab, params, rng);
+    const WindowVerdict v = verify_sampled(std::vector<int32_t>{d}, qs, DraftSampling::kSampled, rows, rng);
     EXPECT_EQ(v.accepted, 0);  // p(d) = 0 for every draft q can produce
     EXPECT_TRUE(v.next == 0 || v.next == 1) << v.next;
   }

@@ -72,7 +72,8 @@ void RequestMetrics::add(const RequestMetrics& o) {
 
 struct DraftVerifyEngine::Request {
   Request(int64_t request_id, GenerationRequest r, int64_t n_layers)
-      : id(request_id), req(std::move(r)), full(n_layers), comp(n_layers), rng(req.sampling.seed),
+      : id(request_id), req(std::move(r)), full(n_layers), comp(n_layers), staged(n_layers, PageKind::kTransient),
+        rng(req.sampling.seed),
         draft_rng(req.sampling.seed ^ 0x5851f42d4c957f2dull) {}
 
   int64_t id;
@@ -80,6 +81,8 @@ struct DraftVerifyEngine::Request {
   Phase phase = Phase::kPrefill;
   SequenceKv full;  // in the host pool
   SequenceKv comp;  // in the device pool's resident pages
+  SequenceKv staged;  // transfer mode: KV_full's copy in the device pool's transient pages
+  uint64_t ticket = 0;  // the transfer filling `staged`; 0: none queued
   Rng rng;          // first token and verification
   Rng draft_rng;    // sampled drafts
   int64_t prefilled = 0;
@@ -98,6 +101,12 @@ struct DraftVerifyEngine::Request {
   std::vector<std::array<at::Tensor, 5>> window_rows;
   std::vector<int32_t> tokens, positions;  // the current forward's input
   EngineResult result;
+  // add_prefilled(): the prompt's KV to copy at admission, the logits after it, its kept set.
+  const SequenceKv* prompt_kv = nullptr;
+  const PagePool* prompt_pool = nullptr;
+  std::vector<float> next_logits;
+  std::vector<at::Tensor> given_kept;
+  bool external_prefill = false;
 };
 
 DraftVerifyEngine::DraftVerifyEngine(const LlamaModel& model, PagePool& device_pool, PagePool& host_pool,
@@ -107,6 +116,8 @@ DraftVerifyEngine::DraftVerifyEngine(const LlamaModel& model, PagePool& device_p
 
 DraftVerifyEngine::~DraftVerifyEngine() {
   for (auto& r : active_) {
+    if (r->ticket != 0) options_.transfer->wait(r->ticket);
+    r->staged.release(device_pool_);
     r->full.release(host_pool_);
     r->comp.release(device_pool_);
     if (options_.compressor != nullptr) options_.compressor->release(r->id);
@@ -138,6 +149,7 @@ DraftVerifyEngine::PageDemand DraftVerifyEngine::pages_for_request(const LlamaMo
   PageDemand d;
   d.device = layers * pages(longest + x, device_page_size);
   d.host = layers * pages(longest + x + 1, host_page_size);
+  if (options.transfer != nullptr) d.transient = layers * pages(longest + x + 1, device_page_size);
   if (options.compressor != nullptr && options.compressor->mode() == CompressionMode::kOffline) {
     d.host = std::max(d.host, layers * (pages(n + scratch_slots(n), host_page_size) + 1));
   }
@@ -164,6 +176,48 @@ DraftVerifyEngine::PageDemand DraftVerifyEngine::worst_case(const Request& r) co
   return d;
 }
 
+Result<int64_t> DraftVerifyEngine::add_prefilled(GenerationRequest request, const SequenceKv& prompt_kv,
+                                                 const PagePool& prompt_pool, std::span<const float> next_logits,
+                                                 std::vector<at::Tensor> kept) {
+  const auto n = static_cast<int64_t>(request.prompt.size());
+  if (prompt_kv.compressed() || prompt_kv.n_layers() != model_.config().n_layers) {
+    return Status::invalid_argument("add_prefilled: the prompt's KV must be a full cache of this model");
+  }
+  for (int64_t l = 0; l < prompt_kv.n_layers(); ++l) {
+    if (prompt_kv.length(l) != n) {
+      return Status::invalid_argument("add_prefilled: the prompt has " + std::to_string(n) + " tokens but its KV holds " +
+                                      std::to_string(prompt_kv.length(l)) + " in layer " + std::to_string(l));
+    }
+  }
+  if (static_cast<int64_t>(next_logits.size()) != model_.config().vocab_size) {
+    return Status::invalid_argument("add_prefilled: next_logits must have the vocabulary's " +
+                                    std::to_string(model_.config().vocab_size) + " entries");
+  }
+  if (!kept.empty() && static_cast<int64_t>(kept.size()) != model_.config().n_layers) {
+    return Status::invalid_argument("add_prefilled: one kept tensor per layer, or none");
+  }
+  VC_ASSIGN_OR_RETURN(const int64_t id, add_request(std::move(request)));
+  Request& r = *queue_.back();
+  r.prompt_kv = &prompt_kv;
+  r.prompt_pool = &prompt_pool;
+  r.next_logits.assign(next_logits.begin(), next_logits.end());
+  r.given_kept = std::move(kept);
+  r.external_prefill = true;
+  return id;
+}
+
+void DraftVerifyEngine::start_prefilled(Request& r) {
+  const double start = clock_->now_seconds();
+  const auto n = static_cast<int64_t>(r.req.prompt.size());
+  const Status s = r.full.append_range(host_pool_, *r.prompt_kv, *r.prompt_pool, 0, n);
+  VC_CHECK(s.ok(), "copying a prefilled prompt: the admission reservation did not hold");
+  r.prefilled = n;
+  r.prompt_kv = nullptr;
+  r.result.metrics.prefill_seconds += clock_->now_seconds() - start;
+  finish_prefill(r, r.next_logits.data());
+  r.next_logits.clear();
+}
+
 Result<int64_t> DraftVerifyEngine::add_request(GenerationRequest request) {
   VC_RETURN_IF_ERROR(validate_options());
   const auto n = static_cast<int64_t>(request.prompt.size());
@@ -181,6 +235,11 @@ Result<int64_t> DraftVerifyEngine::add_request(GenerationRequest request) {
                                     std::to_string(need.device) + " resident device pages (pool: " +
                                     std::to_string(device_pages) + ") and " + std::to_string(need.host) +
                                     " host pages (pool: " + std::to_string(host_pages) + ")");
+  }
+  if (need.transient > device_pool_.num_pages(PageKind::kTransient)) {
+    return Status::invalid_argument("request " + std::to_string(next_id_) + " can never be verified: its full cache needs up to " +
+                                    std::to_string(need.transient) + " transient device pages (pool: " +
+                                    std::to_string(device_pool_.num_pages(PageKind::kTransient)) + ")");
   }
   auto r = std::make_unique<Request>(next_id_, std::move(request), model_.config().n_layers);
   r->result.request_id = r->id;
@@ -207,7 +266,11 @@ void DraftVerifyEngine::admit() {
     held.host += d.host;
     active_.push_back(std::move(queue_.front()));
     queue_.erase(queue_.begin());
-    if (active_.back()->req.max_new_tokens <= 0) active_.back()->done = true;
+    if (active_.back()->req.max_new_tokens <= 0) {
+      active_.back()->done = true;
+    } else if (active_.back()->prompt_kv != nullptr) {
+      start_prefilled(*active_.back());
+    }
   }
 }
 
@@ -234,7 +297,20 @@ void DraftVerifyEngine::fall_back_to_full(Request& r, const Status& why) {
   }
 }
 
+void DraftVerifyEngine::start_transfer(Request& r) {
+  if (options_.transfer == nullptr || r.ticket != 0) return;
+  auto ticket = options_.transfer->submit(r.full, host_pool_, &r.staged, device_pool_, r.window + 1);
+  if (!ticket.ok()) return;  // no transient pages free now: tried again next step
+  r.ticket = *ticket;
+  int64_t pages = 0;  // the pages copied (the window's extra slots are reserved, not copied)
+  for (int64_t l = 0; l < r.full.n_layers(); ++l) pages += host_pool_.spec().pages_for(r.full.length(l));
+  r.result.metrics.transfer_bytes += pages * host_pool_.page_bytes();
+}
+
 void DraftVerifyEngine::finish(Request& r) {
+  if (r.ticket != 0) options_.transfer->wait(r.ticket);
+  r.ticket = 0;
+  r.staged.release(device_pool_);
   const int64_t layers = model_.config().n_layers;
   r.result.metrics.generated_tokens = static_cast<int64_t>(r.result.generation.tokens.size());
   r.result.metrics.full_kv_slots = r.committed * layers;
@@ -271,7 +347,11 @@ Status DraftVerifyEngine::build_compressed(Request& r) {
   const auto n = static_cast<int64_t>(r.req.prompt.size());
   std::vector<at::Tensor> kept(spec.n_layers);
   Compressor* c = options_.compressor;
-  if (c == nullptr) {
+  if (!r.given_kept.empty()) {
+    kept = std::move(r.given_kept);
+    const KvCacheView view = r.full.view(host_pool_);
+    VC_RETURN_IF_ERROR(check_compressed_kv(c != nullptr ? c->name() : "kept set", CompressedKV{kept, 0}, view.layout, view.lengths));
+  } else if (c == nullptr || r.external_prefill) {  // nothing ran the compressor: keep everything
     const at::Tensor all = at::arange(n, at::kLong).unsqueeze(0).expand({spec.n_kv_heads, n}).contiguous();
     for (auto& k : kept) k = all;
   } else if (c->mode() == CompressionMode::kOffline) {
@@ -326,10 +406,14 @@ void DraftVerifyEngine::finish_prefill(Request& r, const float* logits) {
 void DraftVerifyEngine::commit_window(Request& r, const float* rows) {
   const int64_t vocab = model_.config().vocab_size;
   const int64_t x = static_cast<int64_t>(r.drafts.size());
-  const WindowVerdict v = r.req.sampling.greedy()
-                              ? verify_greedy(r.drafts, rows, vocab)
-                              : verify_sampled(r.drafts, r.draft_probs, options_.draft_sampling, rows, vocab,
-                                               r.req.sampling, r.rng);
+  WindowVerdict v;
+  if (r.req.sampling.greedy()) {
+    v = verify_greedy(r.drafts, rows, vocab);
+  } else {
+    std::vector<std::vector<float>> target(x + 1);
+    for (int64_t i = 0; i <= x; ++i) target[i] = dense_distribution(rows + i * vocab, vocab, r.req.sampling);
+    v = verify_sampled(r.drafts, r.draft_probs, options_.draft_sampling, target, r.rng);
+  }
   RequestMetrics& m = r.result.metrics;
   ++m.verify_windows;
   if (x > 0) {
@@ -347,7 +431,15 @@ void DraftVerifyEngine::commit_window(Request& r, const float* rows) {
 
   // KV_full keeps the last committed token and the accepted drafts: rows 0..accepted.
   const int64_t old = r.committed, end = old + v.accepted + 1;
-  r.full.truncate(host_pool_, end);
+  if (options_.transfer != nullptr) {
+    // The verify forward wrote into the transient copy: carry the committed rows to the host store.
+    const Status s = r.full.append_range(host_pool_, r.staged, device_pool_, old, end - old);
+    VC_CHECK(s.ok(), "writing back verified K/V: the admission reservation did not hold");
+    r.staged.release(device_pool_);
+    r.ticket = 0;
+  } else {
+    r.full.truncate(host_pool_, end);
+  }
   if (!r.full_only) {
     // Roll KV_comp back by position, then fill it up to `end` with verified K/V from KV_full.
     r.comp_end = std::min(r.comp_end, options_.draft_kv == DraftKv::kVerified ? old : end);
@@ -418,7 +510,11 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members) {
       r->tokens.insert(r->tokens.end(), r->drafts.begin(), r->drafts.end());
       r->positions.resize(r->tokens.size());
       for (size_t i = 0; i < r->tokens.size(); ++i) r->positions[i] = static_cast<int32_t>(r->committed + static_cast<int64_t>(i));
-      batch.push_back({r->tokens, r->positions, &r->full, &host_pool_, LogitRows::kAll, r->id});
+      if (options_.transfer != nullptr) {
+        batch.push_back({r->tokens, r->positions, &r->staged, &device_pool_, LogitRows::kAll, r->id});
+      } else {
+        batch.push_back({r->tokens, r->positions, &r->full, &host_pool_, LogitRows::kAll, r->id});
+      }
       ++record.verify_items;
       if (options_.compressor != nullptr && options_.compressor->mode() == CompressionMode::kOnline && !r->full_only) {
         r->window_rows.assign(model_.config().n_layers, {});
@@ -518,20 +614,41 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members) {
 Status DraftVerifyEngine::step() {
   VC_RETURN_IF_ERROR(validate_options());
   admit();
-  std::vector<Request*> members;
+  std::vector<Request*> members, waiting;  // waiting: verify windows whose KV_full copy is not in yet
   for (auto& r : active_) {
     if (r->done) continue;
-    if (r->phase == Phase::kDraft) {
-      // A new window starts: how many tokens to draft (0: verify the last token alone).
-      if (r->drafts.empty()) r->window = window_for(*r);
+    if (r->phase == Phase::kDraft && r->drafts.empty()) {
+      // A new window starts: how many tokens to draft (0: verify the last token alone), and the
+      // copy of KV_full it will verify against starts now, overlapping the drafting.
+      r->window = window_for(*r);
       if (r->window == 0) r->phase = Phase::kVerify;
+      start_transfer(*r);
+    }
+    if (r->phase == Phase::kVerify && options_.transfer != nullptr) {
+      start_transfer(*r);
+      if (r->ticket == 0 || !options_.transfer->done(r->ticket)) {
+        waiting.push_back(r.get());
+        continue;
+      }
     }
     members.push_back(r.get());
+  }
+  if (members.empty() && !waiting.empty()) {
+    // Nothing else to run: block on the first copy in flight (requests without one wait for the
+    // transient pages the others hold; if none holds any, submit cannot have failed).
+    const auto it = std::find_if(waiting.begin(), waiting.end(), [](const Request* w) { return w->ticket != 0; });
+    VC_CHECK(it != waiting.end(), "verify windows wait for transient pages that no request holds");
+    Request& r = **it;
+    r.result.metrics.transfer_wait_seconds += options_.transfer->wait(r.ticket);
+    members.push_back(&r);
+    waiting.erase(it);
   }
   if (members.empty() && !queue_.empty()) {
     return Status::internal("engine: queued requests cannot be admitted although nothing runs");
   }
+  const double start = clock_->now_seconds();
   if (!members.empty()) VC_RETURN_IF_ERROR(run_forward(members));
+  for (Request* r : waiting) r->result.metrics.transfer_wait_seconds += clock_->now_seconds() - start;
   for (size_t i = 0; i < active_.size();) {
     if (active_[i]->done) {
       finish(*active_[i]);

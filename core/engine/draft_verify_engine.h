@@ -2,8 +2,11 @@
 // one batched forward at a time by step().
 //
 // Each request keeps two caches:
-//   KV_full  every committed token's K/V, in the host store (`host_pool`); verification reads it in
-//            place (this CPU engine: no copy).
+//   KV_full  every committed token's K/V, in the host store (`host_pool`). Verification reads it in
+//            place (CPU, unified memory: no copy), or — with a TransferEngine — from transient pages
+//            of the device pool that the transfer engine fills while the request drafts (the copy
+//            starts when a window starts: x draft steps of overlap); the verified rows of accepted
+//            tokens are then appended to the host store and the transient pages freed.
 //   KV_comp  the compressor's kept set plus every committed token since, in resident pages of
 //            `device_pool`; drafting reads only this.
 // Life of a request (DESIGN.md, "Per-request loop"):
@@ -52,6 +55,7 @@
 #include "engine/generator.h"
 #include "engine/verification.h"
 #include "kv/page_pool.h"
+#include "kv/transfer_engine.h"
 #include "model/llama_model.h"
 
 namespace vericache {
@@ -71,6 +75,7 @@ struct EngineOptions {
   int64_t prefill_chunk = 512;               // prompt tokens per request per forward
   DraftKv draft_kv = DraftKv::kVerified;
   DraftSampling draft_sampling = DraftSampling::kSampled;  // T > 0 only
+  TransferEngine* transfer = nullptr;        // nullptr: verify in place; else from transient pages
   const Clock* clock = nullptr;              // nullptr: a SteadyClock
   StatsSink* sink = nullptr;                 // optional
 };
@@ -99,10 +104,23 @@ class DraftVerifyEngine {
   // can never fit the pools (the message gives the pages needed and available).
   Result<int64_t> add_request(GenerationRequest request);
 
+  // Queues a request whose prompt is already prefilled: `prompt_kv` (a full cache in `prompt_pool`)
+  // holds exactly the K/V of request.prompt and `next_logits` [vocab] the full-KV logits after it;
+  // `kept` ([n_layers] int64 [n_kv_heads, n]) is the compressor's kept set for this prompt, or empty
+  // for a KV_comp that copies the whole prompt. The prompt is copied when the request is admitted:
+  // `prompt_kv` and its pool must stay unchanged until then. Serves shared prefixes (one prefill,
+  // one compress, many requests) and benchmarks that prefill once. Errors as add_request().
+  Result<int64_t> add_prefilled(GenerationRequest request, const SequenceKv& prompt_kv, const PagePool& prompt_pool,
+                                std::span<const float> next_logits, std::vector<at::Tensor> kept);
+
   // One iteration: admits queued requests that fit, runs one forward mixing prefill chunks, draft
   // steps and verify windows, and applies its results. Errors are failures of the engine itself
   // (a forward refused, a bug surfaced as a value); compressor failures are not errors here.
   Status step();
+
+  // Admits queued requests that fit now; step() starts with this. Prefilled requests get their
+  // prompt copied and KV_comp built here (benchmarks call it to keep that out of decode timings).
+  void admit();
 
   // Steps until every request has finished.
   Status run();
@@ -122,6 +140,7 @@ class DraftVerifyEngine {
   struct PageDemand {
     int64_t device = 0;
     int64_t host = 0;
+    int64_t transient = 0;  // one verify window's copy of KV_full (transfer mode)
   };
   static PageDemand pages_for_request(const LlamaModel& model, const EngineOptions& options, int64_t device_page_size,
                                       int64_t host_page_size, const GenerationRequest& request);
@@ -129,7 +148,10 @@ class DraftVerifyEngine {
  private:
   struct Request;
   PageDemand worst_case(const Request& r) const;
-  void admit();
+  // Copies a prefilled request's prompt KV into its host cache and finishes its prefill.
+  void start_prefilled(Request& r);
+  // Transfer mode: queues the copy of r's KV_full into transient pages when none is queued.
+  void start_transfer(Request& r);
   Status run_forward(std::vector<Request*>& members);
   void finish_prefill(Request& r, const float* logits);
   Status build_compressed(Request& r);

@@ -45,13 +45,12 @@ WindowVerdict verify_greedy(std::span<const int32_t> drafts, const float* target
 }
 
 WindowVerdict verify_sampled(std::span<const int32_t> drafts, std::span<const std::vector<float>> draft_probs,
-                             DraftSampling mode, const float* target_logits, int64_t vocab,
-                             const SamplingParams& params, Rng& rng) {
-  VC_CHECK(!params.greedy(), "verify_sampled needs a positive temperature");
+                             DraftSampling mode, std::span<const std::vector<float>> target_probs, Rng& rng) {
   VC_CHECK(mode == DraftSampling::kArgmax || draft_probs.size() == drafts.size(), "verify_sampled: one q per draft");
+  VC_CHECK(target_probs.size() == drafts.size() + 1, "verify_sampled: one p row per draft plus the bonus row");
   WindowVerdict v;
   for (size_t i = 0; i < drafts.size(); ++i) {
-    std::vector<float> p = dense_distribution(target_logits + static_cast<int64_t>(i) * vocab, vocab, params);
+    const std::vector<float>& p = target_probs[i];
     const int32_t t = drafts[i];
     const double q_t = mode == DraftSampling::kArgmax ? 1.0 : draft_probs[i][t];
     // Accept with probability min(1, p/q); q_t > 0 for a token drawn from q.
@@ -60,21 +59,19 @@ WindowVerdict verify_sampled(std::span<const int32_t> drafts, std::span<const st
       continue;
     }
     // Rejected: draw from normalize(max(0, p - q)).
+    std::vector<float> residual(p.size());
     double residual_mass = 0.0;
-    for (int64_t j = 0; j < vocab; ++j) {
-      const double q_j = mode == DraftSampling::kArgmax ? (j == t ? 1.0 : 0.0) : draft_probs[i][j];
-      p[j] = static_cast<float>(std::max(0.0, static_cast<double>(p[j]) - q_j));
-      residual_mass += p[j];
+    for (size_t j = 0; j < p.size(); ++j) {
+      const double q_j = mode == DraftSampling::kArgmax ? (static_cast<int32_t>(j) == t ? 1.0 : 0.0) : draft_probs[i][j];
+      residual[j] = static_cast<float>(std::max(0.0, static_cast<double>(p[j]) - q_j));
+      residual_mass += residual[j];
     }
     // No residual mass means p <= q everywhere, i.e. p == q, where a rejection has probability 0
     // (reachable only through float rounding): draw from p itself.
-    if (residual_mass <= 0.0) p = dense_distribution(target_logits + static_cast<int64_t>(i) * vocab, vocab, params);
-    v.next = sample_dense(p, rng);
+    v.next = sample_dense(residual_mass > 0.0 ? std::span<const float>(residual) : std::span<const float>(p), rng);
     return v;
   }
-  const std::vector<float> bonus =
-      dense_distribution(target_logits + static_cast<int64_t>(drafts.size()) * vocab, vocab, params);
-  v.next = sample_dense(bonus, rng);
+  v.next = sample_dense(target_probs[drafts.size()], rng);
   return v;
 }
 

@@ -45,11 +45,11 @@ struct WindowVerdict {
 // `target_logits` holds drafts.size() + 1 rows of `vocab` full-KV logits.
 WindowVerdict verify_greedy(std::span<const int32_t> drafts, const float* target_logits, int64_t vocab);
 
-// Speculative sampling (params.temperature > 0). `draft_probs[i]` is q of draft i (dense, vocab
-// entries) for DraftSampling::kSampled; ignored (may be empty) for kArgmax. Consumes one uniform
+// Speculative sampling. `target_probs` holds drafts.size() + 1 rows of p (dense_distribution of
+// the full-KV logits under the request's sampling parameters); `draft_probs[i]` is q of draft i
+// (dense) for DraftSampling::kSampled, ignored (may be empty) for kArgmax. Consumes one uniform
 // draw per examined draft, plus one for the correction or bonus token.
 WindowVerdict verify_sampled(std::span<const int32_t> drafts, std::span<const std::vector<float>> draft_probs,
-                             DraftSampling mode, const float* target_logits, int64_t vocab,
-                             const SamplingParams& params, Rng& rng);
+                             DraftSampling mode, std::span<const std::vector<float>> target_probs, Rng& rng);
 
 }  // namespace vericache

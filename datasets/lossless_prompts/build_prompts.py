@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes prompts.json: the 50 prompts of the lossless property test (tests/engine_test.cpp).
 
-40 medium prompts of roughly 100-500 tokens and 10 long ones of 2K-3.5K tokens, all slices of
+40 medium prompts of roughly 100-700 tokens and 10 long ones of 2K-3.5K tokens, all slices of
 datasets/tokenizer_corpus/corpus.txt (licence prose, Python source, C headers, locale data,
 mixed Unicode) at seeded offsets, each under one of a few instructions (chat-formatted) or as a raw
 continuation. Medium prompts are longer than SnapKV's 64-token observation window so that every
@@ -25,8 +25,14 @@ INSTRUCTIONS = [
 
 
 def snap(text, start, length):
-    """A slice starting and ending at line boundaries, so prompts begin with whole lines."""
+    """A slice starting and ending at line boundaries, so prompts begin with whole lines. Text that
+    is dense in tokens (non-ASCII such as CJK and emoji, or digit runs: a token or more a
+    character) is cut to a quarter of the length, so a prompt's token count stays near its target."""
     begin = text.rfind("\n", 0, start) + 1
+    probe = text[begin:begin + length]
+    n = max(len(probe), 1)
+    if sum(ord(c) > 127 for c in probe) > 0.1 * n or sum(c.isdigit() for c in probe) > 0.3 * n:
+        length //= 4
     end = text.find("\n", begin + length)
     return text[begin:end if end > 0 else len(text)]
 
@@ -43,7 +49,7 @@ def main():
         text = (INSTRUCTIONS[i % len(INSTRUCTIONS)] + body) if chat else body
         prompts.append({"name": f"medium_{i:02d}", "chat": chat, "text": text})
     for i in range(10):
-        length = rng.randrange(8500, 11000)
+        length = rng.randrange(8000, 10500)
         body = snap(corpus, rng.randrange(0, len(corpus) - length - 1), length)
         chat = i % 2 == 0
         text = (INSTRUCTIONS[i % len(INSTRUCTIONS)] + body) if chat else body

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Decode speed of VeriCache against full-KV decoding on this CPU, measured in the same run.
+
+Runs `vericache bench-engine --json` (see its --help): per context one prompt is prefilled once and
+compressed once per compressor; B copies of it decode greedily with full-KV decoding (the baseline)
+and with VeriCache (draft on the compressed cache, verify in place on the full one) for each draft
+length x. Every VeriCache run is checked token for token against the baseline ("mismatches").
+Reports tokens/s of both, the speedup, the mean acceptance length (vLLM's: 1 + accepted / drafts),
+the acceptance rate, and what one draft step and one verify step cost in full-KV decode steps.
+
+Writes results/engine_cpu_smollm2.md and .json (or --out). Usage, from the repository root, after
+harness/setup.sh:
+  python3 harness/bench/engine_bench.py [--contexts 2048,8160] [--batches 1,8] [--compressors kvzip,snapkv]
+                                       [--draft-lengths 8,16,25] [--decode-tokens 64]
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VERICACHE = os.path.join(ROOT, "build", "vericache")
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--contexts", default="2048,8160")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--compressors", default="kvzip,snapkv")
+    ap.add_argument("--ratio", default="0.25")
+    ap.add_argument("--draft-lengths", default="8,16,25")
+    ap.add_argument("--decode-tokens", default="64")
+    ap.add_argument("--threads", default="2")
+    ap.add_argument("--out", default=os.path.join(ROOT, "results", "engine_cpu_smollm2"))
+    args = ap.parse_args()
+    cmd = [VERICACHE, "bench-engine", "--json", "--contexts", args.contexts, "--batches", args.batches,
+           "--compressors", args.compressors, "--ratio", args.ratio, "--draft-lengths", args.draft_lengths,
+           "--decode-tokens", args.decode_tokens, "--threads", args.threads]
+    print(" ".join(cmd), file=sys.stderr)
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench-engine failed with exit code {done.returncode}")
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
+    when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+    invocation = "python3 harness/bench/engine_bench.py " + " ".join(sys.argv[1:])
+    with open(args.out + ".json", "w", encoding="utf-8") as f:
+        json.dump({"command": invocation, "commit": commit, "dirty": bool(dirty), "date": when, "cpu": cpu_name(),
+                   "rows": rows}, f, indent=1)
+        f.write("\n")
+    lines = [
+        "# VeriCache decode speed on the CPU, SmolLM2-135M-Instruct",
+        "",
+        f"- command: `{invocation}` at commit `{commit}`{' (with uncommitted changes)' if dirty else ''} ({when})",
+        f"- machine: {cpu_name()}, {args.threads} threads; verification reads the full cache in place (no copy)",
+        f"- per context one prompt (the opening of datasets/tokenizer_corpus/corpus.txt) is prefilled once and "
+        f"compressed once at c = {args.ratio}; the B requests of a batch decode copies of it, so they share the "
+        f"prompt and verify in the same steps (lockstep); {args.decode_tokens} tokens per request, EOS ignored",
+        "- full-KV tok/s: the baseline in the same run (one token per request per step); mismatches: tokens that "
+        "differ from it (must be 0)",
+        "- mean acceptance length: 1 + accepted / drafts (vLLM's definition, the correction or bonus token "
+        "included); acceptance rate: accepted / drafted",
+        "- verify cost: one step carrying the verify windows, in full-KV decode steps; draft step likewise",
+        "",
+        "| context | batch | compressor | x | full-KV tok/s | VeriCache tok/s | speedup | mean acceptance length "
+        "| acceptance rate | draft step (decode steps) | verify step (decode steps) | full-KV step ms | mismatches |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['context']} | {r['batch']} | {r['compressor']} | {r['draft_length']} | "
+                     f"{r['baseline_tok_s']:.1f} | {r['throughput_tok_s']:.1f} | {r['speedup']:.2f}x | "
+                     f"{r['mean_acceptance_length']:.2f} | {r['acceptance_rate']:.3f} | "
+                     f"{r['draft_cost_decode_steps']:.2f} | {r['verify_cost_decode_steps']:.2f} | "
+                     f"{r['full_kv_step_ms']:.1f} | {r['mismatches']} |")
+    with open(args.out + ".md", "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

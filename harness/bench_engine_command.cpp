@@ -1,0 +1,305 @@
+// vericache bench-engine: decode tokens/s of VeriCache (draft on the compressed cache, verify in
+// place on the full one) against full-KV decoding in the same run, over contexts, batch sizes,
+// compressors and draft lengths.
+//
+// Per context, one prompt is cut from the text, prefilled once (every offline compressor sees the
+// prefill through update()) and compressed once per compressor; each of the B requests of a batch
+// starts from a copy of that prefill, so the requests share a prompt and advance in lockstep.
+// The full-KV baseline decodes the same copies. Every VeriCache run is checked token for token
+// against the baseline (greedy).
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "engine/compressed_kv_check.h"
+#include "engine/compression.h"
+#include "engine/draft_verify_engine.h"
+#include "engine/model_access.h"
+#include "util/mapped_file.h"
+#include "util/thread_pool.h"
+
+namespace po = boost::program_options;
+
+namespace vericache::cli {
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int64_t> parse_ints(const std::string& text, const std::string& what) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    try {
+      size_t used = 0;
+      const int64_t v = std::stoll(item, &used);
+      if (used != item.size() || v < 1) throw std::invalid_argument(item);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw po::error("--" + what + " must be a comma-separated list of positive integers, got '" + text + "'");
+    }
+  }
+  if (out.empty()) throw po::error("--" + what + " is empty");
+  return out;
+}
+
+std::vector<std::string> parse_names(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  if (out.empty()) throw po::error("--compressors is empty");
+  return out;
+}
+
+// Step durations split by what the forward carried.
+class StepTimes : public StatsSink {
+ public:
+  void on_step(const StepRecord& s) override {
+    if (s.prefill_items > 0) return;
+    if (s.verify_items > 0) {
+      verify_seconds += s.seconds;
+      ++verify_steps;
+    } else {
+      draft_seconds += s.seconds;
+      ++draft_steps;
+    }
+  }
+  double draft_seconds = 0, verify_seconds = 0;
+  int64_t draft_steps = 0, verify_steps = 0;
+};
+
+}  // namespace
+
+int run_bench_engine(int argc, char** argv) {
+  std::string model_arg, text_file, contexts_arg, batches_arg, compressors_arg, drafts_arg;
+  int64_t decode_tokens = 64, page_size = 16, prefill_chunk = 512;
+  double ratio = 0.25;
+  int threads = 0;
+  bool json = false;
+  po::options_description desc(
+      "vericache bench-engine: decode tokens/s of VeriCache against full-KV decoding in the same run\n"
+      "(CPU, verification in place). Per context one prompt is prefilled once and compressed once per\n"
+      "compressor; the B requests of a batch decode copies of it (same prompt, lockstep windows).\n"
+      "Every run is checked token for token against the full-KV baseline.\n\nOptions");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "print this help and exit")
+    ("model", po::value(&model_arg), "GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from")
+    ("contexts", po::value(&contexts_arg)->default_value("2048,8160"), "comma-separated prompt lengths in tokens")
+    ("batches", po::value(&batches_arg)->default_value("1,8"), "comma-separated batch sizes")
+    ("compressors", po::value(&compressors_arg)->default_value("kvzip,snapkv"), "comma-separated offline compressors")
+    ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c")
+    ("draft-lengths", po::value(&drafts_arg)->default_value("8,16,25"), "comma-separated draft lengths x")
+    ("decode-tokens", po::value(&decode_tokens)->default_value(64), "tokens generated per request (EOS ignored)")
+    ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores")
+    ("page-size", po::value(&page_size)->default_value(16), "KV page size in tokens")
+    ("prefill-chunk", po::value(&prefill_chunk)->default_value(512), "prompt tokens per prefill forward")
+    ("json", po::bool_switch(&json), "print one JSON object per configuration instead of a table");
+  // clang-format on
+  po::variables_map vm;
+  const std::string example =
+      "Example:\n  vericache bench-engine --contexts 2048 --batches 1 --compressors snapkv --draft-lengths 8\n";
+  if (auto done = parse_command_line("bench-engine", desc, example, argc, argv, &vm)) return *done;
+  std::vector<int64_t> contexts, batches, drafts;
+  std::vector<std::string> compressor_names;
+  try {
+    contexts = parse_ints(contexts_arg, "contexts");
+    batches = parse_ints(batches_arg, "batches");
+    drafts = parse_ints(drafts_arg, "draft-lengths");
+    compressor_names = parse_names(compressors_arg);
+    if (decode_tokens < 2) throw po::error("--decode-tokens must be >= 2");
+    if (!(ratio > 0 && ratio <= 1)) throw po::error("--ratio must be in (0, 1]");
+    if (prefill_chunk < 1) throw po::error("--prefill-chunk must be >= 1");
+  } catch (const po::error& e) {
+    return report_usage_error("bench-engine", e.what());
+  }
+  set_threads(threads);
+  auto loaded = load_model(model_arg);
+  if (!loaded.ok()) return report_error(loaded.status());
+  const LlamaModel& m = **loaded;
+  const int64_t layers = m.config().n_layers, vocab = m.config().vocab_size;
+
+  std::vector<std::shared_ptr<Compressor>> compressors;
+  for (const std::string& name : compressor_names) {
+    auto c = load_compressor_for(name, "{}", {}, m);
+    if (!c.ok()) return report_error(c.status());
+    if ((*c)->mode() != CompressionMode::kOffline) {
+      return report_usage_error("bench-engine", name + " is an online compressor; this benchmark compresses once after prefill");
+    }
+    compressors.push_back(std::move(*c));
+  }
+  std::string text;
+  {
+    auto file = MappedFile::open(text_file);
+    if (!file.ok()) return report_error(file.status());
+    text.assign(reinterpret_cast<const char*>(file->data()), file->size());
+  }
+  const std::vector<int32_t> corpus = m.tokenizer().encode(text, false);
+  if (!json) {
+    std::printf("| context | batch | compressor | x | full-KV tok/s | VeriCache tok/s | speedup | mean acceptance length | acceptance rate | draft step ms | verify step ms | full-KV step ms | verify cost (decode steps) | mismatches |\n");
+    std::printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  }
+
+  for (int64_t context : contexts) {
+    if (context + decode_tokens + drafts.back() + 1 > m.config().context_length || static_cast<int64_t>(corpus.size()) < context) {
+      return report_usage_error("bench-engine", "context " + std::to_string(context) + " does not fit the model or the text");
+    }
+    const std::vector<int32_t> prompt(corpus.begin(), corpus.begin() + context);
+    // One prefill, every compressor observing it.
+    auto base_pool = m.make_page_pool(page_size, layers * (2 * (context + 160) / page_size + 4));
+    if (!base_pool.ok()) return report_error(base_pool.status());
+    SequenceKv base(layers);
+    std::vector<float> next_logits;
+    std::fprintf(stderr, "[bench-engine] context %lld: prefill\n", static_cast<long long>(context));
+    double t0 = now_seconds();
+    for (int64_t begin = 0; begin < context; begin += prefill_chunk) {
+      const int64_t n = std::min(prefill_chunk, context - begin);
+      std::vector<int32_t> positions(n);
+      for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(begin + i);
+      ForwardItem item{std::span(prompt).subspan(begin, n), positions, &base, &*base_pool, LogitRows::kLast, 0};
+      std::vector<std::vector<LayerDrops>> drops(compressors.size());
+      const std::vector<double> ratios{ratio};
+      std::vector<LayerObserver> observers;
+      for (size_t c = 0; c < compressors.size(); ++c) observers.push_back(compression_observer(*compressors[c], ratios, &drops[c]));
+      at::Tensor logits;
+      Status s = m.forward(std::span(&item, 1), &logits, [&](const LayerActivations& acts) {
+        for (const LayerObserver& o : observers) VC_RETURN_IF_ERROR(o(acts));
+        return Status();
+      });
+      if (!s.ok()) return report_error(s);
+      next_logits.assign(logits[0].data_ptr<float>(), logits[0].data_ptr<float>() + vocab);
+    }
+    const double prefill_seconds = now_seconds() - t0;
+    std::vector<std::vector<at::Tensor>> kept(compressors.size());
+    std::vector<double> compress_seconds(compressors.size());
+    for (size_t c = 0; c < compressors.size(); ++c) {
+      std::fprintf(stderr, "[bench-engine] context %lld: %s compress\n", static_cast<long long>(context), compressors[c]->name().c_str());
+      t0 = now_seconds();
+      CompressedKV out;
+      LlamaModelAccess access(m, *base_pool, base, prompt, 0);
+      const KvCacheView view = base.view(*base_pool);
+      Status s = compressors[c]->compress(view, ratio, access, &out);
+      if (s.ok()) s = check_compressed_kv(compressors[c]->name(), out, view.layout, view.lengths);
+      compressors[c]->release(0);
+      if (!s.ok()) return report_error(s);
+      kept[c] = std::move(out.kept);
+      compress_seconds[c] = now_seconds() - t0;
+    }
+
+    for (int64_t batch : batches) {
+      // Full-KV baseline: B copies of the prefill, one token per request per step.
+      std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: full-KV baseline\n", static_cast<long long>(context),
+                   static_cast<long long>(batch));
+      auto pool = m.make_page_pool(page_size, batch * layers * ((context + decode_tokens) / page_size + 2));
+      if (!pool.ok()) return report_error(pool.status());
+      std::vector<SequenceKv> caches(batch, SequenceKv(layers));
+      for (SequenceKv& kv : caches) {
+        if (Status s = kv.append_range(*pool, base, *base_pool, 0, context); !s.ok()) return report_error(s);
+      }
+      std::vector<std::vector<int32_t>> baseline(batch, {argmax(next_logits.data(), vocab)});
+      t0 = now_seconds();
+      for (int64_t step = 1; step < decode_tokens; ++step) {
+        std::vector<ForwardItem> items;
+        std::vector<std::vector<int32_t>> positions(batch, {static_cast<int32_t>(context + step - 1)});
+        for (int64_t i = 0; i < batch; ++i) {
+          items.push_back({std::span(baseline[i]).last(1), positions[i], &caches[i], &*pool, LogitRows::kLast, i});
+        }
+        at::Tensor logits;
+        if (Status s = m.forward(items, &logits); !s.ok()) return report_error(s);
+        for (int64_t i = 0; i < batch; ++i) baseline[i].push_back(argmax(logits[i].data_ptr<float>(), vocab));
+      }
+      const double baseline_seconds = now_seconds() - t0;
+      const double baseline_step_ms = 1000.0 * baseline_seconds / static_cast<double>(decode_tokens - 1);
+      const double baseline_tok_s = static_cast<double>(batch * (decode_tokens - 1)) / baseline_seconds;
+      for (SequenceKv& kv : caches) kv.release(*pool);
+
+      for (size_t c = 0; c < compressors.size(); ++c) {
+        for (int64_t x : drafts) {
+          std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: %s x = %lld\n", static_cast<long long>(context),
+                       static_cast<long long>(batch), compressors[c]->name().c_str(), static_cast<long long>(x));
+          EngineOptions options;
+          options.draft_length = x;
+          options.ratio = ratio;
+          options.compressor = compressors[c].get();
+          StepTimes times;
+          options.sink = &times;
+          GenerationRequest request;
+          request.prompt = prompt;
+          request.max_new_tokens = decode_tokens;
+          request.ignore_eos = true;
+          const auto need = DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, request);
+          auto device_pool = m.make_page_pool(page_size, batch * need.device);
+          auto host_pool = m.make_page_pool(page_size, batch * need.host);
+          if (!device_pool.ok() || !host_pool.ok()) return report_error(device_pool.ok() ? host_pool.status() : device_pool.status());
+          DraftVerifyEngine engine(m, *device_pool, *host_pool, options);
+          for (int64_t i = 0; i < batch; ++i) {
+            auto id = engine.add_prefilled(request, base, *base_pool, next_logits, kept[c]);
+            if (!id.ok()) return report_error(id.status());
+          }
+          engine.admit();  // copies the prefill, builds KV_comp, takes the first tokens: not decode time
+          t0 = now_seconds();
+          if (Status s = engine.run(); !s.ok()) return report_error(s);
+          const double seconds = now_seconds() - t0;
+          const std::vector<EngineResult> results = engine.take_finished();
+          int64_t mismatches = 0;
+          for (const EngineResult& r : results) {
+            const auto& got = r.generation.tokens;
+            const auto& want = baseline[r.request_id];
+            for (size_t j = 0; j < std::max(got.size(), want.size()); ++j) {
+              mismatches += (j >= got.size() || j >= want.size() || got[j] != want[j]) ? 1 : 0;
+            }
+          }
+          const RequestMetrics& t = engine.totals();
+          const double tok_s = static_cast<double>(batch * (decode_tokens - 1)) / seconds;
+          const double draft_ms = times.draft_steps ? 1000.0 * times.draft_seconds / times.draft_steps : 0.0;
+          const double verify_ms = times.verify_steps ? 1000.0 * times.verify_seconds / times.verify_steps : 0.0;
+          if (json) {
+            nlohmann::json out{{"context", context},
+                               {"batch", batch},
+                               {"compressor", compressors[c]->name()},
+                               {"ratio", ratio},
+                               {"draft_length", x},
+                               {"decode_tokens", decode_tokens},
+                               {"baseline_tok_s", baseline_tok_s},
+                               {"throughput_tok_s", tok_s},
+                               {"speedup", tok_s / baseline_tok_s},
+                               {"mean_acceptance_length", t.mean_acceptance_length()},
+                               {"acceptance_rate", t.acceptance_rate()},
+                               {"draft_step_ms", draft_ms},
+                               {"verify_step_ms", verify_ms},
+                               {"full_kv_step_ms", baseline_step_ms},
+                               {"verify_cost_decode_steps", verify_ms / baseline_step_ms},
+                               {"draft_cost_decode_steps", draft_ms / baseline_step_ms},
+                               {"mismatches", mismatches},
+                               {"prefill_seconds", prefill_seconds},
+                               {"compress_seconds", compress_seconds[c]},
+                               {"threads", ThreadPool::global().threads()},
+                               {"model", m.path()}};
+            std::cout << out.dump() << std::endl;
+          } else {
+            std::printf("| %lld | %lld | %s | %lld | %.1f | %.1f | %.2fx | %.2f | %.3f | %.1f | %.1f | %.1f | %.2f | %lld |\n",
+                        static_cast<long long>(context), static_cast<long long>(batch), compressors[c]->name().c_str(),
+                        static_cast<long long>(x), baseline_tok_s, tok_s, tok_s / baseline_tok_s, t.mean_acceptance_length(),
+                        t.acceptance_rate(), draft_ms, verify_ms, baseline_step_ms, verify_ms / baseline_step_ms,
+                        static_cast<long long>(mismatches));
+            std::fflush(stdout);
+          }
+        }
+      }
+    }
+    base.release(*base_pool);
+  }
+  return kExitOk;
+}
+
+}  // namespace vericache::cli
