@@ -10,6 +10,7 @@
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -95,7 +96,7 @@ int run_bench_engine(int argc, char** argv) {
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), "GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from")
-    ("contexts", po::value(&contexts_arg)->default_value("2048,8160"), "comma-separated prompt lengths in tokens")
+    ("contexts", po::value(&contexts_arg)->default_value("2048,8000"), "comma-separated prompt lengths in tokens")
     ("batches", po::value(&batches_arg)->default_value("1,8"), "comma-separated batch sizes")
     ("compressors", po::value(&compressors_arg)->default_value("kvzip,snapkv"), "comma-separated offline compressors")
     ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c")
@@ -151,8 +152,16 @@ int run_bench_engine(int argc, char** argv) {
   }
 
   for (int64_t context : contexts) {
-    if (context + decode_tokens + drafts.back() + 1 > m.config().context_length || static_cast<int64_t>(corpus.size()) < context) {
-      return report_usage_error("bench-engine", "context " + std::to_string(context) + " does not fit the model or the text");
+    const int64_t longest_x = *std::max_element(drafts.begin(), drafts.end());
+    if (context + decode_tokens + longest_x + 1 > m.config().context_length) {
+      return report_usage_error("bench-engine", "context " + std::to_string(context) + " + " + std::to_string(decode_tokens) +
+                                                    " decode tokens + a verify window of " + std::to_string(longest_x + 1) +
+                                                    " exceeds the model's context of " +
+                                                    std::to_string(m.config().context_length) + " tokens");
+    }
+    if (static_cast<int64_t>(corpus.size()) < context) {
+      return report_error(Status::invalid_argument(text_file + " has " + std::to_string(corpus.size()) +
+                                                   " tokens, fewer than the context " + std::to_string(context)));
     }
     const std::vector<int32_t> prompt(corpus.begin(), corpus.begin() + context);
     // One prefill, every compressor observing it.

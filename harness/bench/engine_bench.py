@@ -10,7 +10,7 @@ the acceptance rate, and what one draft step and one verify step cost in full-KV
 
 Writes results/engine_cpu_smollm2.md and .json (or --out). Usage, from the repository root, after
 harness/setup.sh:
-  python3 harness/bench/engine_bench.py [--contexts 2048,8160] [--batches 1,8] [--compressors kvzip,snapkv]
+  python3 harness/bench/engine_bench.py [--contexts 2048,8000] [--batches 1,8] [--compressors kvzip,snapkv]
                                        [--draft-lengths 8,16,25] [--decode-tokens 64]
 """
 import argparse
@@ -37,7 +37,7 @@ def cpu_name():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--contexts", default="2048,8160")
+    ap.add_argument("--contexts", default="2048,8000")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--compressors", default="kvzip,snapkv")
     ap.add_argument("--ratio", default="0.25")
