@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "cli_common.h"
@@ -61,7 +62,8 @@ std::vector<std::string> parse_names(const std::string& text) {
   return out;
 }
 
-// Step durations split by what the forward carried.
+// Step durations split by what the forward carried: a step with any verify window counts as a
+// verify step (in these lockstep runs every request verifies in the same step).
 class StepTimes : public StatsSink {
  public:
   void on_step(const StepRecord& s) override {
@@ -82,6 +84,7 @@ class StepTimes : public StatsSink {
 
 int run_bench_engine(int argc, char** argv) {
   std::string model_arg, text_file, contexts_arg, batches_arg, compressors_arg, drafts_arg;
+  std::vector<std::string> params_args;
   int64_t decode_tokens = 64, page_size = 16, prefill_chunk = 512;
   double ratio = 0.25;
   int threads = 0;
@@ -99,6 +102,8 @@ int run_bench_engine(int argc, char** argv) {
     ("contexts", po::value(&contexts_arg)->default_value("2048,8000"), "comma-separated prompt lengths in tokens")
     ("batches", po::value(&batches_arg)->default_value("1,8"), "comma-separated batch sizes")
     ("compressors", po::value(&compressors_arg)->default_value("kvzip,snapkv"), "comma-separated offline compressors")
+    ("params", po::value(&params_args)->composing(),
+     "NAME=JSON: parameters of one compressor, e.g. kvzip='{\"chunk_size\": 128}' (repeatable)")
     ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c")
     ("draft-lengths", po::value(&drafts_arg)->default_value("8,16,25"), "comma-separated draft lengths x")
     ("decode-tokens", po::value(&decode_tokens)->default_value(64), "tokens generated per request (EOS ignored)")
@@ -130,9 +135,16 @@ int run_bench_engine(int argc, char** argv) {
   const LlamaModel& m = **loaded;
   const int64_t layers = m.config().n_layers, vocab = m.config().vocab_size;
 
+  std::map<std::string, std::string> params;
+  for (const std::string& p : params_args) {
+    const size_t eq = p.find('=');
+    if (eq == std::string::npos || eq == 0) return report_usage_error("bench-engine", "--params must be NAME=JSON, got '" + p + "'");
+    params[p.substr(0, eq)] = p.substr(eq + 1);
+  }
+  int64_t total_mismatches = 0;
   std::vector<std::shared_ptr<Compressor>> compressors;
   for (const std::string& name : compressor_names) {
-    auto c = load_compressor_for(name, "{}", {}, m);
+    auto c = load_compressor_for(name, params.count(name) ? params[name] : "{}", {}, m);
     if (!c.ok()) return report_error(c.status());
     if ((*c)->mode() != CompressionMode::kOffline) {
       return report_usage_error("bench-engine", name + " is an online compressor; this benchmark compresses once after prefill");
@@ -268,6 +280,7 @@ int run_bench_engine(int argc, char** argv) {
               mismatches += (j >= got.size() || j >= want.size() || got[j] != want[j]) ? 1 : 0;
             }
           }
+          total_mismatches += mismatches;
           const RequestMetrics& t = engine.totals();
           const double tok_s = static_cast<double>(batch * (decode_tokens - 1)) / seconds;
           const double draft_ms = times.draft_steps ? 1000.0 * times.draft_seconds / times.draft_steps : 0.0;
@@ -307,6 +320,9 @@ int run_bench_engine(int argc, char** argv) {
       }
     }
     base.release(*base_pool);
+  }
+  if (total_mismatches > 0) {
+    return report_error(Status::internal(std::to_string(total_mismatches) + " tokens differ from full-KV decoding"));
   }
   return kExitOk;
 }

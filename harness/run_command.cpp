@@ -113,6 +113,7 @@ Status check_options(const RunOptions& o) {
   if (!(o.top_p > 0 && o.top_p <= 1)) return Status::invalid_argument("--top-p must be in (0, 1]");
   if (o.batch < 1 || o.batch > 4096) return Status::invalid_argument("--batch must be in [1, 4096]");
   if (o.prefill_chunk < 1) return Status::invalid_argument("--prefill-chunk must be >= 1");
+  if (o.threads < 0 || o.threads > 1024) return Status::invalid_argument("--threads must be in [0, 1024]");
   if (o.page_size < 16 || o.page_size % 16 != 0 || o.page_size > 4096) {
     return Status::invalid_argument("--page-size must be a multiple of 16 in [16, 4096]");
   }
@@ -149,7 +150,7 @@ Status check_options(const RunOptions& o) {
 // Progress on stderr, at most about once a second: requests done, tokens, acceptance so far.
 class ProgressLine : public StatsSink {
  public:
-  ProgressLine(bool enabled, int64_t requests) : enabled_(enabled), requests_(requests) {}
+  explicit ProgressLine(bool enabled) : enabled_(enabled) {}
   void on_step(const StepRecord& s) override {
     ++steps_;
     if (!enabled_ || s.start_seconds - last_ < 1.0) return;
@@ -171,7 +172,6 @@ class ProgressLine : public StatsSink {
 
  private:
   bool enabled_;
-  int64_t requests_;
   int64_t steps_ = 0, windows_ = 0, accepted_ = 0, drafted_ = 0;
   double last_ = 0;
   bool dirty_ = false;
@@ -250,13 +250,7 @@ int run_run(int argc, char** argv) {
     transfer = std::make_unique<TransferEngine>(TransferOptions{o.link_gbps * 1e9});
     options.transfer = transfer.get();
   }
-  DraftVerifyEngine::PageDemand all;
-  for (const GenerationRequest& r : requests) {
-    const auto d = DraftVerifyEngine::pages_for_request(m, options, o.page_size, o.page_size, r);
-    all.device += d.device;
-    all.host += d.host;
-    all.transient += d.transient;
-  }
+  const auto all = DraftVerifyEngine::pages_for_requests(m, options, o.page_size, o.page_size, requests);
   PagePoolOptions device_options{o.resident_pages > 0 ? o.resident_pages : all.device,
                                  o.transient_pages > 0 ? o.transient_pages : all.transient, m.dtype(), m.device(), false};
   auto device_pool = PagePool::create(m.kv_page_spec(o.page_size), device_options);
@@ -264,7 +258,7 @@ int run_run(int argc, char** argv) {
   auto host_pool = m.make_page_pool(o.page_size, o.host_pages > 0 ? o.host_pages : all.host);
   if (!host_pool.ok()) return report_error(host_pool.status());
 
-  ProgressLine progress(o.progress || (!o.json && isatty(STDERR_FILENO)), o.batch);
+  ProgressLine progress(o.progress || (!o.json && isatty(STDERR_FILENO)));
   PrefillTimer timer(progress);
   options.sink = &timer;
   DraftVerifyEngine engine(m, *device_pool, *host_pool, options);
@@ -280,7 +274,17 @@ int run_run(int argc, char** argv) {
   std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
   const RequestMetrics& t = engine.totals();
   const double decode_seconds = total_seconds - timer.prefill_seconds;
-  const double tok_s = decode_seconds > 0 ? static_cast<double>(t.generated_tokens) / decode_seconds : 0.0;
+  // Decode throughput counts the tokens after each request's first (which comes from the prefill),
+  // for VeriCache and the baseline alike; 0 when nothing was decoded.
+  auto decoded = [](const auto& token_lists) {
+    int64_t n = 0;
+    for (const std::vector<int32_t>& tokens : token_lists) n += std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - 1);
+    return n;
+  };
+  auto rate = [](int64_t tokens, double seconds) { return tokens > 0 && seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0; };
+  std::vector<std::vector<int32_t>> engine_tokens;
+  for (const EngineResult& r : results) engine_tokens.push_back(r.generation.tokens);
+  const double tok_s = rate(decoded(engine_tokens), decode_seconds);
 
   // --check: the same requests through full-KV decoding, in this process.
   int64_t mismatches = 0, mismatched_requests = 0;
@@ -295,7 +299,9 @@ int run_run(int argc, char** argv) {
     GenerationStats stats;
     auto baseline = generator.generate(requests, {}, &stats);
     if (!baseline.ok()) return report_error(baseline.status());
-    baseline_tok_s = stats.decode_seconds > 0 ? static_cast<double>(stats.generated_tokens) / stats.decode_seconds : 0.0;
+    std::vector<std::vector<int32_t>> baseline_tokens;
+    for (const GenerationResult& r : *baseline) baseline_tokens.push_back(r.tokens);
+    baseline_tok_s = rate(decoded(baseline_tokens), stats.decode_seconds);
     for (size_t i = 0; i < results.size(); ++i) {
       const std::vector<int32_t>& a = results[i].generation.tokens;
       const std::vector<int32_t>& b = (*baseline)[i].tokens;

@@ -79,12 +79,7 @@ struct EngineRun {
 // Runs `requests` to completion. Pools of 0 pages are sized to hold every request at once.
 EngineRun run_engine(const LlamaModel& m, const EngineOptions& options, const std::vector<GenerationRequest>& requests,
                      int64_t device_pages = 0, int64_t host_pages = 0) {
-  DraftVerifyEngine::PageDemand all;
-  for (const auto& r : requests) {
-    const auto d = DraftVerifyEngine::pages_for_request(m, options, 16, 16, r);
-    all.device += d.device;
-    all.host += d.host;
-  }
+  const auto all = DraftVerifyEngine::pages_for_requests(m, options, 16, 16, requests);
   auto device = m.make_page_pool(16, device_pages > 0 ? device_pages : all.device);
   auto host = m.make_page_pool(16, host_pages > 0 ? host_pages : all.host);
   EXPECT_TRUE(device.ok() && host.ok());
@@ -246,12 +241,7 @@ TEST(Engine, OnlineCompressorWithRollbackAndJoiningRequests) {
                                                request_for(medium(22), 20), request_for(medium(23), 26)};
     requests[3].ignore_eos = true;
     const std::vector<int64_t> join_at_step = {0, 0, 5, 17};
-    DraftVerifyEngine::PageDemand all;
-    for (const auto& r : requests) {
-      const auto d = DraftVerifyEngine::pages_for_request(*m, options, 16, 16, r);
-      all.device += d.device;
-      all.host += d.host;
-    }
+    const auto all = DraftVerifyEngine::pages_for_requests(*m, options, 16, 16, requests);
     auto device = m->make_page_pool(16, all.device);
     auto host = m->make_page_pool(16, all.host);
     std::vector<EngineResult> results;
@@ -305,15 +295,12 @@ TEST(Engine, VerifyFromTransientCopiesOverAnEmulatedLink) {
   options.draft_length = 8;
   options.transfer = &transfer;
   std::vector<GenerationRequest> requests;
-  DraftVerifyEngine::PageDemand all;
   int64_t largest_transient = 0;
   for (int i = 0; i < 4; ++i) {
     requests.push_back(request_for(medium(30 + i), 20));
-    const auto d = DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests.back());
-    all.device += d.device;
-    all.host += d.host;
-    largest_transient = std::max(largest_transient, d.transient);
+    largest_transient = std::max(largest_transient, DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests.back()).transient);
   }
+  const auto all = DraftVerifyEngine::pages_for_requests(*m, options, 16, 16, requests);
   auto device = PagePool::create(m->kv_page_spec(16), PagePoolOptions{all.device, largest_transient, at::kFloat, at::kCPU, false});
   auto host = m->make_page_pool(16, all.host);
   ASSERT_TRUE(device.ok() && host.ok());

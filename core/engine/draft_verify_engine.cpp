@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <array>
 
 #include "engine/compressed_kv_check.h"
 #include "engine/model_access.h"
@@ -97,8 +96,11 @@ struct DraftVerifyEngine::Request {
   Status compressor_status;  // a failure inside this forward's observer
   // Online compressor, prefill: positions each (layer, KV head) dropped, in drop order.
   std::vector<std::vector<std::vector<int64_t>>> dropped;
-  // Online compressor, verify: this window's rows of every layer (hidden, q, k, v, positions).
-  std::vector<std::array<at::Tensor, 5>> window_rows;
+  // Online compressor, verify: this window's rows of every layer, kept until the verdict.
+  struct Rows {
+    at::Tensor hidden, q, k, v, positions;
+  };
+  std::vector<Rows> window_rows;
   std::vector<int32_t> tokens, positions;  // the current forward's input
   EngineResult result;
   // add_prefilled(): the prompt's KV to copy at admission, the logits after it, its kept set.
@@ -135,6 +137,13 @@ Status DraftVerifyEngine::validate_options() const {
   if (device_pool_.num_pages(PageKind::kResident) == 0) {
     return Status::invalid_argument("the device pool has no resident pages for compressed caches");
   }
+  if (options_.transfer != nullptr && device_pool_.spec().page_size != host_pool_.spec().page_size) {
+    return Status::invalid_argument("verification from transient pages needs the same page size in the host and device pools");
+  }
+  if (model_.forward_path() != ForwardPath::kCpuKernels) {
+    // Its forwards mix caches of several pools, which only the CPU kernels read (the GPU path is a later issue).
+    return Status::not_supported("the draft-verify engine runs on the CPU kernels' forward; this model uses the torch forward");
+  }
   return Status();
 }
 
@@ -156,6 +165,19 @@ DraftVerifyEngine::PageDemand DraftVerifyEngine::pages_for_request(const LlamaMo
   return d;
 }
 
+DraftVerifyEngine::PageDemand DraftVerifyEngine::pages_for_requests(const LlamaModel& model, const EngineOptions& options,
+                                                                    int64_t device_page_size, int64_t host_page_size,
+                                                                    std::span<const GenerationRequest> requests) {
+  PageDemand all;
+  for (const GenerationRequest& r : requests) {
+    const PageDemand d = pages_for_request(model, options, device_page_size, host_page_size, r);
+    all.device += d.device;
+    all.host += d.host;
+    all.transient += d.transient;
+  }
+  return all;
+}
+
 DraftVerifyEngine::PageDemand DraftVerifyEngine::worst_case(const Request& r) const {
   if (r.phase == Phase::kPrefill || r.done) {
     return pages_for_request(model_, options_, device_pool_.spec().page_size, host_pool_.spec().page_size, r.req);
@@ -163,16 +185,9 @@ DraftVerifyEngine::PageDemand DraftVerifyEngine::worst_case(const Request& r) co
   // Past prefill: what is held, plus room for every token still to come and one window.
   const int64_t growth = std::max<int64_t>(r.req.max_new_tokens - static_cast<int64_t>(r.result.generation.tokens.size()), 0) +
                          options_.draft_length + 1;
-  auto demand = [&](const SequenceKv& kv, const KvPageSpec& spec) {
-    int64_t pages = kv.pages_held();
-    for (int64_t l = 0; l < kv.n_layers(); ++l) {
-      pages += std::max<int64_t>(0, spec.pages_for(kv.length(l) + growth) - static_cast<int64_t>(kv.block_table(l).size()));
-    }
-    return pages;
-  };
   PageDemand d;
-  d.host = demand(r.full, host_pool_.spec());
-  d.device = r.full_only ? 0 : demand(r.comp, device_pool_.spec());
+  d.host = r.full.pages_held() + r.full.pages_needed(host_pool_.spec(), growth);
+  d.device = r.full_only ? 0 : r.comp.pages_held() + r.comp.pages_needed(device_pool_.spec(), growth);
   return d;
 }
 
@@ -180,8 +195,13 @@ Result<int64_t> DraftVerifyEngine::add_prefilled(GenerationRequest request, cons
                                                  const PagePool& prompt_pool, std::span<const float> next_logits,
                                                  std::vector<at::Tensor> kept) {
   const auto n = static_cast<int64_t>(request.prompt.size());
-  if (prompt_kv.compressed() || prompt_kv.n_layers() != model_.config().n_layers) {
+  const KvPageSpec& spec = prompt_pool.spec();
+  if (prompt_kv.compressed() || prompt_kv.n_layers() != model_.config().n_layers || spec.n_layers != model_.config().n_layers ||
+      spec.n_kv_heads != model_.config().n_kv_heads || spec.head_dim != model_.config().head_dim) {
     return Status::invalid_argument("add_prefilled: the prompt's KV must be a full cache of this model");
+  }
+  if (&prompt_pool == &host_pool_ || &prompt_pool == &device_pool_) {
+    return Status::invalid_argument("add_prefilled: the prompt's KV must live in a pool of its own (admission counts the engine's pools as its own)");
   }
   for (int64_t l = 0; l < prompt_kv.n_layers(); ++l) {
     if (prompt_kv.length(l) != n) {
@@ -262,15 +282,21 @@ void DraftVerifyEngine::admit() {
         held.host + d.host > host_pool_.num_pages(PageKind::kResident)) {
       return;  // first come, first served: later requests wait behind this one
     }
-    held.device += d.device;
-    held.host += d.host;
     active_.push_back(std::move(queue_.front()));
     queue_.erase(queue_.begin());
-    if (active_.back()->req.max_new_tokens <= 0) {
-      active_.back()->done = true;
-    } else if (active_.back()->prompt_kv != nullptr) {
-      start_prefilled(*active_.back());
+    Request& a = *active_.back();
+    if (a.req.max_new_tokens <= 0) {
+      a.done = true;
+    } else if (a.prompt_kv != nullptr) {
+      start_prefilled(a);
     }
+    if (a.done) {  // finished on admission (no token wanted, or the first token ends it): holds nothing
+      finish(a);
+      active_.pop_back();
+      continue;
+    }
+    held.device += d.device;
+    held.host += d.host;
   }
 }
 
@@ -452,11 +478,16 @@ void DraftVerifyEngine::commit_window(Request& r, const float* rows) {
       std::vector<LayerDrops> drops;
       Status status;
       for (size_t l = 0; l < r.window_rows.size() && status.ok(); ++l) {
+        const Request::Rows& w = r.window_rows[l];
         LayerActivations all;
         all.layer = static_cast<int64_t>(l);
-        std::tie(all.hidden, all.q, all.k, all.v, all.positions) =
-            std::tie(r.window_rows[l][0], r.window_rows[l][1], r.window_rows[l][2], r.window_rows[l][3], r.window_rows[l][4]);
-        RequestRows rows_of_request{{}, {}, r.id, options_.ratio, old};
+        all.hidden = w.hidden;
+        all.q = w.q;
+        all.k = w.k;
+        all.v = w.v;
+        all.positions = w.positions;
+        // The committed rows are KV_comp's last end - old slots of this layer.
+        RequestRows rows_of_request{{}, {}, r.id, options_.ratio, r.comp.length(static_cast<int64_t>(l)) - (end - old)};
         narrow_rows(all, 0, v.accepted + 1, &rows_of_request);
         const size_t before = drops.size();
         status = options_.compressor->update(rows_of_request.acts, &drops);
@@ -541,15 +572,19 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members) {
           const int64_t heads = model_.config().n_kv_heads;
           for (const LayerDrops& d : drops) {
             if (!r.compressor_status.ok()) break;
-            if (d.request_id != r.id || !d.positions.defined() || d.positions.dim() != 2 || d.positions.size(0) != heads) {
-              r.compressor_status = Status::plugin_error(c->name() + ": malformed drops in layer " + std::to_string(acts.layer));
+            if (d.request_id != r.id || !d.positions.defined() || d.positions.dim() != 2 || d.positions.size(0) != heads ||
+                d.positions.scalar_type() != at::kLong) {
+              r.compressor_status = Status::plugin_error(c->name() + ": layer " + std::to_string(acts.layer) +
+                                                         ": drops must be an int64 tensor [" + std::to_string(heads) +
+                                                         ", n] for this request");
               break;
             }
             if (r.dropped.empty()) r.dropped.assign(model_.config().n_layers, std::vector<std::vector<int64_t>>(heads));
             const at::Tensor p = d.positions.to(at::kCPU).contiguous();
+            const int64_t* data = p.data_ptr<int64_t>();
             for (int64_t h = 0; h < heads; ++h) {
               for (int64_t j = 0; j < p.size(1); ++j) {
-                const int64_t position = p[h][j].item<int64_t>();
+                const int64_t position = data[h * p.size(1) + j];
                 if (position < 0 || position >= r.prefilled + n) {
                   r.compressor_status = Status::plugin_error(c->name() + ": layer " + std::to_string(acts.layer) +
                                                              ": dropped position " + std::to_string(position) + " is not held");
@@ -560,9 +595,9 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members) {
             }
           }
         } else if (phases[i] == Phase::kVerify && !r.window_rows.empty()) {
-          r.window_rows[acts.layer] = {acts.hidden.narrow(0, begin, n).clone(), acts.q.narrow(0, begin, n).clone(),
-                                       acts.k.narrow(0, begin, n).clone(), acts.v.narrow(0, begin, n).clone(),
-                                       acts.positions.narrow(0, begin, n).clone()};
+          r.window_rows[acts.layer] = Request::Rows{acts.hidden.narrow(0, begin, n).clone(), acts.q.narrow(0, begin, n).clone(),
+                                                    acts.k.narrow(0, begin, n).clone(), acts.v.narrow(0, begin, n).clone(),
+                                                    acts.positions.narrow(0, begin, n).clone()};
         }
       }
       return Status();
@@ -622,10 +657,9 @@ Status DraftVerifyEngine::step() {
       // copy of KV_full it will verify against starts now, overlapping the drafting.
       r->window = window_for(*r);
       if (r->window == 0) r->phase = Phase::kVerify;
-      start_transfer(*r);
     }
+    if (r->phase != Phase::kPrefill) start_transfer(*r);  // retried every step until transient pages are free
     if (r->phase == Phase::kVerify && options_.transfer != nullptr) {
-      start_transfer(*r);
       if (r->ticket == 0 || !options_.transfer->done(r->ticket)) {
         waiting.push_back(r.get());
         continue;
@@ -646,6 +680,7 @@ Status DraftVerifyEngine::step() {
   if (members.empty() && !queue_.empty()) {
     return Status::internal("engine: queued requests cannot be admitted although nothing runs");
   }
+  if (options_.transfer != nullptr) VC_RETURN_IF_ERROR(options_.transfer->status());
   const double start = clock_->now_seconds();
   if (!members.empty()) VC_RETURN_IF_ERROR(run_forward(members));
   for (Request* r : waiting) r->result.metrics.transfer_wait_seconds += clock_->now_seconds() - start;

@@ -144,6 +144,9 @@ class DraftVerifyEngine {
   };
   static PageDemand pages_for_request(const LlamaModel& model, const EngineOptions& options, int64_t device_page_size,
                                       int64_t host_page_size, const GenerationRequest& request);
+  // The sum over `requests`: pools of this size run them all at once.
+  static PageDemand pages_for_requests(const LlamaModel& model, const EngineOptions& options, int64_t device_page_size,
+                                       int64_t host_page_size, std::span<const GenerationRequest> requests);
 
  private:
   struct Request;

@@ -48,7 +48,7 @@ WindowVerdict verify_greedy(std::span<const int32_t> drafts, const float* target
 // Speculative sampling. `target_probs` holds drafts.size() + 1 rows of p (dense_distribution of
 // the full-KV logits under the request's sampling parameters); `draft_probs[i]` is q of draft i
 // (dense) for DraftSampling::kSampled, ignored (may be empty) for kArgmax. Consumes one uniform
-// draw per examined draft, plus one for the correction or bonus token.
+// draw per examined draft with q > 0, plus one for the correction or bonus token.
 WindowVerdict verify_sampled(std::span<const int32_t> drafts, std::span<const std::vector<float>> draft_probs,
                              DraftSampling mode, std::span<const std::vector<float>> target_probs, Rng& rng);
 

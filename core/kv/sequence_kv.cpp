@@ -253,11 +253,11 @@ Status SequenceKv::append_range(PagePool& pool, const SequenceKv& src, const Pag
                                 int64_t count) {
   VC_CHECK(first >= 0 && count >= 0, "append_range: negative range");
   const int64_t n_heads = pool.spec().n_kv_heads, ps = pool.spec().page_size, src_ps = src_pool.spec().page_size;
+  if (count == 0) return Status();
   for (int64_t l = 0; l < n_layers(); ++l) {
     VC_CHECK(first + count <= src.length(l), "append_range: slots past the source's length");
     VC_CHECK(compressed() || src.position(l, 0, first) == lengths_[l], "append_range: a full cache must continue where it ends");
   }
-  if (count == 0) return Status();
   VC_RETURN_IF_ERROR(reserve(pool, count));
   SlotList from, to;
   for (int64_t l = 0; l < n_layers(); ++l) {

@@ -77,6 +77,11 @@ double TransferEngine::wait(uint64_t ticket) {
   return now_seconds() - start;
 }
 
+Status TransferEngine::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
 TransferStats TransferEngine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
@@ -127,7 +132,13 @@ void TransferEngine::worker() {
       queue_.pop_front();
     }
     const double start = now_seconds();
-    copy(job);
+    Status failed;
+    try {
+      copy(job);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      failed = Status::internal("KV transfer " + std::to_string(job.ticket) + ": " + what.substr(0, what.find('\n')));
+    }
     const int64_t bytes = static_cast<int64_t>(job.src_pages.size()) * job.src_pool->page_bytes();
     if (options_.emulated_link_bytes_per_second > 0) {
       // The link is serial: this transfer's bytes pass after the previous transfer's.
@@ -137,6 +148,7 @@ void TransferEngine::worker() {
       if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
     }
     std::lock_guard<std::mutex> lock(mu_);
+    if (!failed.ok() && error_.ok()) error_ = failed;
     ++stats_.transfers;
     stats_.bytes += bytes;
     stats_.busy_seconds += now_seconds() - start;

@@ -5,8 +5,9 @@
 //        serial). With `emulated_link_bytes_per_second` > 0 the worker also paces itself to that
 //        bandwidth — an *emulated link* standing in for PCIe or a remote link on a machine without
 //        one; the name says so in every output. 0 copies at memory speed.
-//   CUDA: the same copies are issued on a dedicated copy stream (non-blocking from pinned host
-//        pages) with an event per transfer; the emulated link does not apply there.
+//   CUDA (a host pool on the CPU, a device pool on a GPU): the copies are issued on a dedicated
+//        copy stream (from page-locked staging memory, non-blocking) and the worker waits for an
+//        event per transfer. Pacing to an emulated link applies on any device.
 // Bytes moved and the time the engine waited for a transfer are reported.
 //
 // Ownership: borrows the pools and caches named in a transfer until it completes (wait() or done()
@@ -59,8 +60,11 @@ class TransferEngine {
   // Blocks until it has; returns the seconds spent waiting.
   double wait(uint64_t ticket);
   TransferStats stats() const;
-  // "memory copy", "emulated link at N GB/s" or "CUDA copy stream".
+  // "memory copy" or "emulated link at N GB/s".
   std::string describe() const;
+  // The first copy that failed (a libtorch error), else OK. A failed transfer still completes, so
+  // nothing waits forever; the engine stops at its next step with this error.
+  Status status() const;
 
  private:
   struct Job {
@@ -80,6 +84,7 @@ class TransferEngine {
   uint64_t completed_ = 0;  // tickets complete in order: every ticket <= completed_ is done
   bool stopping_ = false;
   TransferStats stats_;
+  Status error_;
   double link_free_at_ = 0;  // emulated link: when the previous transfer's bytes have passed
   std::thread thread_;
 };

@@ -44,11 +44,15 @@ def main():
     ap.add_argument("--draft-lengths", default="8,16,25")
     ap.add_argument("--decode-tokens", default="64")
     ap.add_argument("--threads", default="2")
+    ap.add_argument("--params", action="append", default=['kvzip={"chunk_size": 128}'],
+                    help="NAME=JSON compressor parameters (KVzip's reconstruction chunk must fit after an 8K prompt)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "engine_cpu_smollm2"))
     args = ap.parse_args()
     cmd = [VERICACHE, "bench-engine", "--json", "--contexts", args.contexts, "--batches", args.batches,
            "--compressors", args.compressors, "--ratio", args.ratio, "--draft-lengths", args.draft_lengths,
            "--decode-tokens", args.decode_tokens, "--threads", args.threads]
+    for p in args.params:
+        cmd += ["--params", p]
     print(" ".join(cmd), file=sys.stderr)
     done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
@@ -68,6 +72,7 @@ def main():
         "",
         f"- command: `{invocation}` at commit `{commit}`{' (with uncommitted changes)' if dirty else ''} ({when})",
         f"- machine: {cpu_name()}, {args.threads} threads; verification reads the full cache in place (no copy)",
+        f"- compressor parameters: {'; '.join(args.params) or 'defaults'}",
         f"- per context one prompt (the opening of datasets/tokenizer_corpus/corpus.txt) is prefilled once and "
         f"compressed once at c = {args.ratio}; the B requests of a batch decode copies of it, so they share the "
         f"prompt and verify in the same steps (lockstep); {args.decode_tokens} tokens per request, EOS ignored",
