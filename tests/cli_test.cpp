@@ -178,5 +178,58 @@ TEST(Cli, HelpExplainsEveryOption) {
   EXPECT_NE(top.out.find("generate"), std::string::npos);
 }
 
+// vericache run: VeriCache decoding diffed against full-KV decoding in the same process.
+TEST(Cli, RunCheckIsLosslessAndReportsAcceptance) {
+  const std::string text = testing::read_file(testing::source_path("datasets/tokenizer_corpus/corpus.txt")).substr(0, 2000);
+  const std::string prompt = testing::temp_dir() + "/prompt.txt";
+  std::ofstream(prompt) << text;
+  const CliRun r = run_vericache("run --check --compressor expected_attention -c 0.25 -x 6 -b 2 -n 24 --ignore-eos --json -f " + prompt);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out["compressor"], "expected_attention");
+  EXPECT_EQ(out["mismatches"], 0);
+  EXPECT_EQ(out["mismatched_requests"], 0);
+  ASSERT_EQ(out["requests"].size(), 2u);
+  EXPECT_EQ(out["requests"][0]["tokens"].size(), 24u);
+  EXPECT_EQ(out["requests"][0]["tokens"], out["requests"][1]["tokens"]);  // same prompt, greedy
+  EXPECT_EQ(out["generated_tokens"], 48);
+  const int64_t drafts = out["drafts"], accepted = out["accepted_tokens"], drafted = out["draft_tokens"];
+  EXPECT_GT(drafts, 0);
+  EXPECT_DOUBLE_EQ(out["mean_acceptance_length"].get<double>(), 1.0 + static_cast<double>(accepted) / drafts);
+  EXPECT_DOUBLE_EQ(out["acceptance_rate"].get<double>(), static_cast<double>(accepted) / drafted);
+  EXPECT_EQ(out["acceptance_rate_per_position"].size(), 6u);
+  EXPECT_LT(out["resident_kv_slots"].get<int64_t>(), out["full_kv_slots"].get<int64_t>());
+  EXPECT_EQ(out["compressor_failures"].size(), 0u);
+}
+
+TEST(Cli, RunRejectsBadOptionsWithOneLine) {
+  const std::map<std::string, std::string> cases = {
+      {"run -p hi --draft-length 0", "vericache run: --draft-length must be in [1, 256]\n"},
+      {"run -p hi --ratio 0", "vericache run: --ratio must be in (0, 1]\n"},
+      {"run -p hi --draft-kv both", "vericache run: --draft-kv must be 'verified' or 'drafted', got 'both'\n"},
+      {"run -p hi --draft-sampling top", "vericache run: --draft-sampling must be 'sampled' or 'argmax', got 'top'\n"},
+      {"run -p hi --verify remote", "vericache run: --verify must be 'in-place' or 'transfer', got 'remote'\n"},
+      {"run -p hi --link-gbps 8", "vericache run: --link-gbps and --transient-pages need --verify transfer\n"},
+      {"run -p hi --check -t 0.7",
+       "vericache run: --check compares tokens, which only greedy decoding (--temperature 0) makes identical; at T > 0 "
+       "VeriCache matches the full-KV distribution, not its tokens\n"},
+      {"run", "vericache run: no prompt: give --prompt TEXT or --prompt-file PATH\n"},
+  };
+  for (const auto& [args, message] : cases) {
+    const CliRun r = run_vericache(args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_EQ(r.err.rfind(message, 0), 0u) << args << ": " << r.err;
+  }
+  const CliRun plugin = run_vericache("run -p hi --compressor no_such_plugin");
+  EXPECT_EQ(plugin.exit_code, 1);
+  EXPECT_EQ(plugin.err.rfind("vericache: error: ", 0), 0u) << plugin.err;
+  const CliRun help = run_vericache("run --help");
+  EXPECT_EQ(help.exit_code, 0);
+  for (const char* option : {"--check", "--compressor", "--ratio", "--draft-length", "--draft-kv", "--draft-sampling",
+                             "--verify", "--link-gbps", "--resident-pages", "--host-pages", "--temperature", "--json"}) {
+    EXPECT_NE(help.out.find(option), std::string::npos) << option;
+  }
+}
+
 }  // namespace
 }  // namespace vericache
