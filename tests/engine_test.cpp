@@ -30,21 +30,13 @@ struct Prompt {
   std::vector<int32_t> ids;
 };
 
-std::vector<int32_t> prompt_ids(const LlamaModel& m, const std::string& text, bool chat) {
-  std::string rendered = text;
-  if (chat) rendered = m.chat_template()->render({{"user", text}}, /*add_generation_prompt=*/true);
-  std::vector<int32_t> ids = m.tokenizer().encode(rendered, /*parse_special=*/chat);
-  if (m.tokenizer().add_bos() && m.tokenizer().bos_id() >= 0) ids.insert(ids.begin(), m.tokenizer().bos_id());
-  return ids;
-}
-
 const std::vector<Prompt>& lossless_prompts() {
   static const std::vector<Prompt> prompts = [] {
     std::vector<Prompt> out;
     const LlamaModel* m = testing::default_model();
     if (m == nullptr) return out;
     const auto j = nlohmann::json::parse(testing::read_file(testing::source_path("datasets/lossless_prompts/prompts.json")));
-    for (const auto& p : j.at("prompts")) out.push_back({p.at("name"), prompt_ids(*m, p.at("text"), p.at("chat"))});
+    for (const auto& p : j.at("prompts")) out.push_back({p.at("name"), testing::prompt_ids(*m, p.at("text"), p.at("chat"))});
     return out;
   }();
   return prompts;
@@ -525,7 +517,7 @@ TEST(Sampling, EngineIsSeededAndStaysInTheTargetSupport) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
   auto compressor = plugin("expected_attention");
-  const Prompt story{"story", prompt_ids(*m, "Tell me a short story about a cat who learns to sail.", true)};
+  const Prompt story{"story", testing::prompt_ids(*m, "Tell me a short story about a cat who learns to sail.", true)};
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 8; ++i) {
     requests.push_back(request_for(story, 12));

@@ -36,14 +36,6 @@ constexpr int kGroup = 8;
 const double kRatios[] = {0.1, 0.25, 0.5};
 const int64_t kDraftLengths[] = {1, 4, 16, 32};
 
-std::vector<int32_t> prompt_ids(const LlamaModel& m, const std::string& text, bool chat) {
-  std::string rendered = text;
-  if (chat) rendered = m.chat_template()->render({{"user", text}}, /*add_generation_prompt=*/true);
-  std::vector<int32_t> ids = m.tokenizer().encode(rendered, /*parse_special=*/chat);
-  if (m.tokenizer().add_bos() && m.tokenizer().bos_id() >= 0) ids.insert(ids.begin(), m.tokenizer().bos_id());
-  return ids;
-}
-
 // A prompt prefilled once: its full cache, the logits after it, and each offline plugin's kept set
 // per ratio.
 struct Prefilled {
@@ -115,7 +107,7 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
     for (size_t i = g0; i < g1; ++i) {
       const auto& p = data.at("prompts")[i];
       GenerationRequest r;
-      r.prompt = prompt_ids(*m, p.at("text"), p.at("chat"));
+      r.prompt = testing::prompt_ids(*m, p.at("text"), p.at("chat"));
       r.max_new_tokens = kMaxTokens;
       slots += static_cast<int64_t>(r.prompt.size());
       requests.push_back(std::move(r));

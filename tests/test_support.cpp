@@ -58,4 +58,12 @@ std::string temp_dir() {
   return dir.string();
 }
 
+std::vector<int32_t> prompt_ids(const LlamaModel& model, const std::string& text, bool chat) {
+  std::string rendered = text;
+  if (chat) rendered = model.chat_template()->render({{"user", text}}, /*add_generation_prompt=*/true);
+  std::vector<int32_t> ids = model.tokenizer().encode(rendered, /*parse_special=*/chat);
+  if (model.tokenizer().add_bos() && model.tokenizer().bos_id() >= 0) ids.insert(ids.begin(), model.tokenizer().bos_id());
+  return ids;
+}
+
 }  // namespace vericache::testing

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "model/llama_model.h"
 
@@ -15,6 +16,9 @@ std::string model_path(const std::string& file_name);
 std::string default_model_path();
 // The default model, loaded once per test process; nullptr (and a failed test) when unavailable.
 const LlamaModel* default_model();
+// Token ids of a prompt as `vericache run` makes them: wrapped as a user message in the model's chat
+// template when `chat`, a BOS token first when the model wants one.
+std::vector<int32_t> prompt_ids(const LlamaModel& model, const std::string& text, bool chat);
 // Reads a whole file; fails the test when it cannot.
 std::string read_file(const std::string& path);
 // A directory for the calling test under the system temp dir, emptied on the test's first call.
