@@ -138,7 +138,8 @@ int run_bench_engine(int argc, char** argv) {
   std::map<std::string, std::string> params;
   for (const std::string& p : params_args) {
     const size_t eq = p.find('=');
-    if (eq == std::string::npos || eq == 0) return report_usage_error("bench-engine", "--params must be NAME=JSON, got '" + p + "'");
+    if (eq == std::string::npos || eq == 0)
+      return report_usage_error("bench-engine", "--params must be NAME=JSON, got '" + p + "'");
     params[p.substr(0, eq)] = p.substr(eq + 1);
   }
   int64_t total_mismatches = 0;
@@ -147,7 +148,8 @@ int run_bench_engine(int argc, char** argv) {
     auto c = load_compressor_for(name, params.count(name) ? params[name] : "{}", {}, m);
     if (!c.ok()) return report_error(c.status());
     if ((*c)->mode() != CompressionMode::kOffline) {
-      return report_usage_error("bench-engine", name + " is an online compressor; this benchmark compresses once after prefill");
+      return report_usage_error("bench-engine",
+                                name + " is an online compressor; this benchmark compresses once after prefill");
     }
     compressors.push_back(std::move(*c));
   }
@@ -159,16 +161,20 @@ int run_bench_engine(int argc, char** argv) {
   }
   const std::vector<int32_t> corpus = m.tokenizer().encode(text, false);
   if (!json) {
-    std::printf("| context | batch | compressor | x | full-KV tok/s | VeriCache tok/s | speedup | mean acceptance length | acceptance rate | draft step ms | verify step ms | full-KV step ms | verify cost (decode steps) | mismatches |\n");
+    std::printf(
+        "| context | batch | compressor | x | full-KV tok/s | VeriCache tok/s | speedup | mean acceptance length | "
+        "acceptance rate | draft step ms | verify step ms | full-KV step ms | verify cost (decode steps) | mismatches "
+        "|\n");
     std::printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
 
   for (int64_t context : contexts) {
     const int64_t longest_x = *std::max_element(drafts.begin(), drafts.end());
     if (context + decode_tokens + longest_x + 1 > m.config().context_length) {
-      return report_usage_error("bench-engine", "context " + std::to_string(context) + " + " + std::to_string(decode_tokens) +
-                                                    " decode tokens + a verify window of " + std::to_string(longest_x + 1) +
-                                                    " exceeds the model's context of " +
+      return report_usage_error("bench-engine", "context " + std::to_string(context) + " + " +
+                                                    std::to_string(decode_tokens) +
+                                                    " decode tokens + a verify window of " +
+                                                    std::to_string(longest_x + 1) + " exceeds the model's context of " +
                                                     std::to_string(m.config().context_length) + " tokens");
     }
     if (static_cast<int64_t>(corpus.size()) < context) {
@@ -191,7 +197,8 @@ int run_bench_engine(int argc, char** argv) {
       std::vector<std::vector<LayerDrops>> drops(compressors.size());
       const std::vector<double> ratios{ratio};
       std::vector<LayerObserver> observers;
-      for (size_t c = 0; c < compressors.size(); ++c) observers.push_back(compression_observer(*compressors[c], ratios, &drops[c]));
+      for (size_t c = 0; c < compressors.size(); ++c)
+        observers.push_back(compression_observer(*compressors[c], ratios, &drops[c]));
       at::Tensor logits;
       Status s = m.forward(std::span(&item, 1), &logits, [&](const LayerActivations& acts) {
         for (const LayerObserver& o : observers) VC_RETURN_IF_ERROR(o(acts));
@@ -204,7 +211,8 @@ int run_bench_engine(int argc, char** argv) {
     std::vector<std::vector<at::Tensor>> kept(compressors.size());
     std::vector<double> compress_seconds(compressors.size());
     for (size_t c = 0; c < compressors.size(); ++c) {
-      std::fprintf(stderr, "[bench-engine] context %lld: %s compress\n", static_cast<long long>(context), compressors[c]->name().c_str());
+      std::fprintf(stderr, "[bench-engine] context %lld: %s compress\n", static_cast<long long>(context),
+                   compressors[c]->name().c_str());
       t0 = now_seconds();
       CompressedKV out;
       LlamaModelAccess access(m, *base_pool, base, prompt, 0);
@@ -219,8 +227,8 @@ int run_bench_engine(int argc, char** argv) {
 
     for (int64_t batch : batches) {
       // Full-KV baseline: B copies of the prefill, one token per request per step.
-      std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: full-KV baseline\n", static_cast<long long>(context),
-                   static_cast<long long>(batch));
+      std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: full-KV baseline\n",
+                   static_cast<long long>(context), static_cast<long long>(batch));
       auto pool = m.make_page_pool(page_size, batch * layers * ((context + decode_tokens) / page_size + 2));
       if (!pool.ok()) return report_error(pool.status());
       std::vector<SequenceKv> caches(batch, SequenceKv(layers));
@@ -246,8 +254,9 @@ int run_bench_engine(int argc, char** argv) {
 
       for (size_t c = 0; c < compressors.size(); ++c) {
         for (int64_t x : drafts) {
-          std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: %s x = %lld\n", static_cast<long long>(context),
-                       static_cast<long long>(batch), compressors[c]->name().c_str(), static_cast<long long>(x));
+          std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: %s x = %lld\n",
+                       static_cast<long long>(context), static_cast<long long>(batch), compressors[c]->name().c_str(),
+                       static_cast<long long>(x));
           EngineOptions options;
           options.draft_length = x;
           options.ratio = ratio;
@@ -261,7 +270,8 @@ int run_bench_engine(int argc, char** argv) {
           const auto need = DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, request);
           auto device_pool = m.make_page_pool(page_size, batch * need.device);
           auto host_pool = m.make_page_pool(page_size, batch * need.host);
-          if (!device_pool.ok() || !host_pool.ok()) return report_error(device_pool.ok() ? host_pool.status() : device_pool.status());
+          if (!device_pool.ok() || !host_pool.ok())
+            return report_error(device_pool.ok() ? host_pool.status() : device_pool.status());
           DraftVerifyEngine engine(m, *device_pool, *host_pool, options);
           for (int64_t i = 0; i < batch; ++i) {
             auto id = engine.add_prefilled(request, base, *base_pool, next_logits, kept[c]);
@@ -309,11 +319,12 @@ int run_bench_engine(int argc, char** argv) {
                                {"model", m.path()}};
             std::cout << out.dump() << std::endl;
           } else {
-            std::printf("| %lld | %lld | %s | %lld | %.1f | %.1f | %.2fx | %.2f | %.3f | %.1f | %.1f | %.1f | %.2f | %lld |\n",
-                        static_cast<long long>(context), static_cast<long long>(batch), compressors[c]->name().c_str(),
-                        static_cast<long long>(x), baseline_tok_s, tok_s, tok_s / baseline_tok_s, t.mean_acceptance_length(),
-                        t.acceptance_rate(), draft_ms, verify_ms, baseline_step_ms, verify_ms / baseline_step_ms,
-                        static_cast<long long>(mismatches));
+            std::printf(
+                "| %lld | %lld | %s | %lld | %.1f | %.1f | %.2fx | %.2f | %.3f | %.1f | %.1f | %.1f | %.2f | %lld |\n",
+                static_cast<long long>(context), static_cast<long long>(batch), compressors[c]->name().c_str(),
+                static_cast<long long>(x), baseline_tok_s, tok_s, tok_s / baseline_tok_s, t.mean_acceptance_length(),
+                t.acceptance_rate(), draft_ms, verify_ms, baseline_step_ms, verify_ms / baseline_step_ms,
+                static_cast<long long>(mismatches));
             std::fflush(stdout);
           }
         }

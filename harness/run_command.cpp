@@ -155,9 +155,11 @@ class ProgressLine : public StatsSink {
     ++steps_;
     if (!enabled_ || s.start_seconds - last_ < 1.0) return;
     last_ = s.start_seconds;
-    std::fprintf(stderr, "\r[run] step %lld: %lld drafts, %lld verifies in flight; windows %lld, accepted %lld of %lld drafted   ",
-                 static_cast<long long>(steps_), static_cast<long long>(s.draft_items), static_cast<long long>(s.verify_items),
-                 static_cast<long long>(windows_), static_cast<long long>(accepted_), static_cast<long long>(drafted_));
+    std::fprintf(
+        stderr,
+        "\r[run] step %lld: %lld drafts, %lld verifies in flight; windows %lld, accepted %lld of %lld drafted   ",
+        static_cast<long long>(steps_), static_cast<long long>(s.draft_items), static_cast<long long>(s.verify_items),
+        static_cast<long long>(windows_), static_cast<long long>(accepted_), static_cast<long long>(drafted_));
     std::fflush(stderr);
     dirty_ = true;
   }
@@ -208,13 +210,15 @@ int run_run(int argc, char** argv) {
       "  vericache run --check --compressor snapkv -c 0.1 -x 8 -f doc.txt --json\n"
       "  vericache run -p \"Write a haiku about the sea.\" -t 0.7 --seed 3 --compressor expected_attention\n"
       "  vericache run --check --compressor none -p \"hello\"     # draft on a full copy: every draft is accepted\n"
-      "  vericache run --check --verify transfer --link-gbps 8 -f doc.txt   # verify from copies over an emulated 8 GB/s link\n";
+      "  vericache run --check --verify transfer --link-gbps 8 -f doc.txt   # verify from copies over an emulated 8 "
+      "GB/s link\n";
   if (auto done = parse_command_line("run", desc, examples, argc, argv, &vm)) return *done;
   if (Status s = check_options(o); !s.ok()) return report_usage_error("run", s.message());
   auto prompt_text = read_prompt(o.prompt, o.prompt_file);
   if (!prompt_text.ok()) {
-    return prompt_text.status().code() == StatusCode::kInvalidArgument ? report_usage_error("run", prompt_text.status().message())
-                                                                        : report_error(prompt_text.status());
+    return prompt_text.status().code() == StatusCode::kInvalidArgument
+               ? report_usage_error("run", prompt_text.status().message())
+               : report_error(prompt_text.status());
   }
   set_threads(o.threads);
   auto model = load_model(o.model);
@@ -252,7 +256,8 @@ int run_run(int argc, char** argv) {
   }
   const auto all = DraftVerifyEngine::pages_for_requests(m, options, o.page_size, o.page_size, requests);
   PagePoolOptions device_options{o.resident_pages > 0 ? o.resident_pages : all.device,
-                                 o.transient_pages > 0 ? o.transient_pages : all.transient, m.dtype(), m.device(), false};
+                                 o.transient_pages > 0 ? o.transient_pages : all.transient, m.dtype(), m.device(),
+                                 false};
   auto device_pool = PagePool::create(m.kv_page_spec(o.page_size), device_options);
   if (!device_pool.ok()) return report_error(device_pool.status());
   auto host_pool = m.make_page_pool(o.page_size, o.host_pages > 0 ? o.host_pages : all.host);
@@ -278,10 +283,13 @@ int run_run(int argc, char** argv) {
   // for VeriCache and the baseline alike; 0 when nothing was decoded.
   auto decoded = [](const auto& token_lists) {
     int64_t n = 0;
-    for (const std::vector<int32_t>& tokens : token_lists) n += std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - 1);
+    for (const std::vector<int32_t>& tokens : token_lists)
+      n += std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - 1);
     return n;
   };
-  auto rate = [](int64_t tokens, double seconds) { return tokens > 0 && seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0; };
+  auto rate = [](int64_t tokens, double seconds) {
+    return tokens > 0 && seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0;
+  };
   std::vector<std::vector<int32_t>> engine_tokens;
   for (const EngineResult& r : results) engine_tokens.push_back(r.generation.tokens);
   const double tok_s = rate(decoded(engine_tokens), decode_seconds);
@@ -312,7 +320,8 @@ int run_run(int argc, char** argv) {
           if (first_mismatch[i] < 0) first_mismatch[i] = static_cast<int64_t>(j);
         }
       }
-      if (first_mismatch[i] < 0 && a.size() != b.size()) first_mismatch[i] = static_cast<int64_t>(std::min(a.size(), b.size()));
+      if (first_mismatch[i] < 0 && a.size() != b.size())
+        first_mismatch[i] = static_cast<int64_t>(std::min(a.size(), b.size()));
       if (results[i].generation.finish != (*baseline)[i].finish && diff == 0) diff = 1;
       mismatches += diff;
       mismatched_requests += diff > 0 ? 1 : 0;
@@ -327,11 +336,14 @@ int run_run(int argc, char** argv) {
   };
   std::vector<std::string> failures;
   for (const EngineResult& r : results) {
-    if (!r.compressor_failure.empty()) failures.push_back("request " + std::to_string(r.request_id) + ": " + r.compressor_failure);
+    if (!r.compressor_failure.empty())
+      failures.push_back("request " + std::to_string(r.request_id) + ": " + r.compressor_failure);
   }
   std::vector<double> per_position;
   for (size_t i = 0; i < t.drafted_per_position.size(); ++i) {
-    per_position.push_back(t.drafted_per_position[i] > 0 ? static_cast<double>(t.accepted_per_position[i]) / t.drafted_per_position[i] : 0.0);
+    per_position.push_back(t.drafted_per_position[i] > 0
+                               ? static_cast<double>(t.accepted_per_position[i]) / t.drafted_per_position[i]
+                               : 0.0);
   }
   if (o.json) {
     nlohmann::json out;
@@ -398,26 +410,33 @@ int run_run(int argc, char** argv) {
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     for (size_t i = 0; i < results.size(); ++i) {
-      if (results.size() > 1) std::printf("=== request %zu (%s)\n", i, finish_reason_name(results[i].generation.finish));
+      if (results.size() > 1)
+        std::printf("=== request %zu (%s)\n", i, finish_reason_name(results[i].generation.finish));
       std::printf("%s\n", text_of(results[i].generation.tokens).c_str());
     }
     std::fprintf(stderr, "\n[%s at c = %.3f, x = %lld, KV_comp keeps %s K/V | %lld tokens, %lld verify windows]\n",
                  compressor ? compressor->name().c_str() : "no compressor (full copy)", o.ratio,
                  static_cast<long long>(o.draft_length), o.draft_kv.c_str(), static_cast<long long>(t.generated_tokens),
                  static_cast<long long>(t.verify_windows));
-    std::fprintf(stderr, "[mean acceptance length %.2f (1 + accepted/drafts, bonus included) | acceptance rate %.3f | decode %.1f tok/s]\n",
+    std::fprintf(stderr,
+                 "[mean acceptance length %.2f (1 + accepted/drafts, bonus included) | acceptance rate %.3f | decode "
+                 "%.1f tok/s]\n",
                  t.mean_acceptance_length(), t.acceptance_rate(), tok_s);
     std::fprintf(stderr, "[KV slots at the end: %lld resident (compressed) of %lld full]\n",
                  static_cast<long long>(t.resident_kv_slots), static_cast<long long>(t.full_kv_slots));
     if (transfer) {
       const TransferStats ts = transfer->stats();
-      std::fprintf(stderr, "[verification from transient pages: %lld copies of KV_full, %.1f MB over %s, %.3f s waited]\n",
-                   static_cast<long long>(ts.transfers), static_cast<double>(ts.bytes) / 1e6, transfer->describe().c_str(),
-                   t.transfer_wait_seconds);
+      std::fprintf(stderr,
+                   "[verification from transient pages: %lld copies of KV_full, %.1f MB over %s, %.3f s waited]\n",
+                   static_cast<long long>(ts.transfers), static_cast<double>(ts.bytes) / 1e6,
+                   transfer->describe().c_str(), t.transfer_wait_seconds);
     }
-    for (const std::string& f : failures) std::fprintf(stderr, "[compressor failed, decoded on the full cache: %s]\n", f.c_str());
+    for (const std::string& f : failures)
+      std::fprintf(stderr, "[compressor failed, decoded on the full cache: %s]\n", f.c_str());
     if (o.check) {
-      std::fprintf(stderr, "[check against full-KV decoding: %lld mismatching tokens in %lld of %lld requests%s | full-KV decode %.1f tok/s, speedup %.2fx]\n",
+      std::fprintf(stderr,
+                   "[check against full-KV decoding: %lld mismatching tokens in %lld of %lld requests%s | full-KV "
+                   "decode %.1f tok/s, speedup %.2fx]\n",
                    static_cast<long long>(mismatches), static_cast<long long>(mismatched_requests),
                    static_cast<long long>(results.size()), mismatches == 0 ? " (lossless)" : "", baseline_tok_s,
                    baseline_tok_s > 0 ? tok_s / baseline_tok_s : 0.0);

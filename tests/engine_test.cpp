@@ -14,8 +14,8 @@
 #include <set>
 #include <string>
 
-#include "compression_support.h"
 #include <vericache/plugin_abi.h>
+#include "compression_support.h"
 
 #include "engine/draft_verify_engine.h"
 #include "engine/generator.h"
@@ -35,8 +35,10 @@ const std::vector<Prompt>& lossless_prompts() {
     std::vector<Prompt> out;
     const LlamaModel* m = testing::default_model();
     if (m == nullptr) return out;
-    const auto j = nlohmann::json::parse(testing::read_file(testing::source_path("datasets/lossless_prompts/prompts.json")));
-    for (const auto& p : j.at("prompts")) out.push_back({p.at("name"), testing::prompt_ids(*m, p.at("text"), p.at("chat"))});
+    const auto j =
+        nlohmann::json::parse(testing::read_file(testing::source_path("datasets/lossless_prompts/prompts.json")));
+    for (const auto& p : j.at("prompts"))
+      out.push_back({p.at("name"), testing::prompt_ids(*m, p.at("text"), p.at("chat"))});
     return out;
   }();
   return prompts;
@@ -89,7 +91,8 @@ EngineRun run_engine(const LlamaModel& m, const EngineOptions& options, const st
     run.results = engine.take_finished();
     run.totals = engine.totals();
   }
-  std::sort(run.results.begin(), run.results.end(), [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
+  std::sort(run.results.begin(), run.results.end(),
+            [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
   EXPECT_EQ(device->num_free(), device->num_pages()) << "pages leaked";
   EXPECT_EQ(host->num_free(), host->num_pages()) << "pages leaked";
   return run;
@@ -207,11 +210,12 @@ TEST(Engine, SmallPoolMakesRequestsWaitNotFail) {
   auto host = m->make_page_pool(16, 100);
   DraftVerifyEngine engine(*m, *device, *host, options);
   const auto id = engine.add_request(requests[0]);
-  EXPECT_EQ(id.status().message(), "request 0 can never fit: it needs up to " +
-                                       std::to_string(DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests[0]).device) +
-                                       " resident device pages (pool: 100) and " +
-                                       std::to_string(DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests[0]).host) +
-                                       " host pages (pool: 100)");
+  EXPECT_EQ(id.status().message(),
+            "request 0 can never fit: it needs up to " +
+                std::to_string(DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests[0]).device) +
+                " resident device pages (pool: 100) and " +
+                std::to_string(DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests[0]).host) +
+                " host pages (pool: 100)");
   GenerationRequest empty;
   EXPECT_EQ(engine.add_request(empty).status().message(), "request 0: the prompt is empty");
 }
@@ -241,7 +245,8 @@ TEST(Engine, OnlineCompressorWithRollbackAndJoiningRequests) {
       DraftVerifyEngine engine(*m, *device, *host, options);
       size_t joined = 0;
       for (int64_t step = 0; joined < requests.size() || !engine.idle(); ++step) {
-        while (joined < requests.size() && join_at_step[joined] <= step) ASSERT_TRUE(engine.add_request(requests[joined++]).ok());
+        while (joined < requests.size() && join_at_step[joined] <= step)
+          ASSERT_TRUE(engine.add_request(requests[joined++]).ok());
         ASSERT_TRUE(engine.step().ok());
         ASSERT_LT(step, 10000);
       }
@@ -290,10 +295,12 @@ TEST(Engine, VerifyFromTransientCopiesOverAnEmulatedLink) {
   int64_t largest_transient = 0;
   for (int i = 0; i < 4; ++i) {
     requests.push_back(request_for(medium(30 + i), 20));
-    largest_transient = std::max(largest_transient, DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests.back()).transient);
+    largest_transient = std::max(largest_transient,
+                                 DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests.back()).transient);
   }
   const auto all = DraftVerifyEngine::pages_for_requests(*m, options, 16, 16, requests);
-  auto device = PagePool::create(m->kv_page_spec(16), PagePoolOptions{all.device, largest_transient, at::kFloat, at::kCPU, false});
+  auto device = PagePool::create(m->kv_page_spec(16),
+                                 PagePoolOptions{all.device, largest_transient, at::kFloat, at::kCPU, false});
   auto host = m->make_page_pool(16, all.host);
   ASSERT_TRUE(device.ok() && host.ok());
   EngineRun run;
@@ -304,7 +311,8 @@ TEST(Engine, VerifyFromTransientCopiesOverAnEmulatedLink) {
     run.results = engine.take_finished();
     run.totals = engine.totals();
   }
-  std::sort(run.results.begin(), run.results.end(), [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
+  std::sort(run.results.begin(), run.results.end(),
+            [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
   expect_identical(run, full_kv(*m, requests), "verify from transient copies");
   const TransferStats stats = transfer.stats();
   EXPECT_EQ(stats.transfers, run.totals.verify_windows);
@@ -331,7 +339,8 @@ TEST(Engine, RejectsBadOptions) {
   EngineOptions options;
   options.draft_length = 0;
   DraftVerifyEngine engine(*m, *device, *host, options);
-  EXPECT_EQ(engine.add_request(request_for(medium(0), 4)).status().message(), "draft length must be in [1, 1024], got 0");
+  EXPECT_EQ(engine.add_request(request_for(medium(0), 4)).status().message(),
+            "draft length must be in [1, 1024], got 0");
   options.draft_length = 4;
   options.ratio = 1.5;
   DraftVerifyEngine engine2(*m, *device, *host, options);
@@ -383,8 +392,10 @@ std::pair<double, int> chi_square(const std::map<std::vector<int32_t>, int64_t>&
 class Distributions {
  public:
   Distributions(const LlamaModel& m, Compressor& compressor, const std::vector<int32_t>& prompt, double ratio)
-      : m_(m), full_(testing::run_compression(m, identity_, prompt, 1.0)),
-        comp_(testing::run_compression(m, compressor, prompt, ratio)), n_(static_cast<int64_t>(prompt.size())) {
+      : m_(m),
+        full_(testing::run_compression(m, identity_, prompt, 1.0)),
+        comp_(testing::run_compression(m, compressor, prompt, ratio)),
+        n_(static_cast<int64_t>(prompt.size())) {
     EXPECT_TRUE(full_->status.ok() && comp_->status.ok());
     // The prompt's own next-token logits (what the engine's prefill gives), from a fresh prefill.
     auto pool = m.make_page_pool(16, m.config().n_layers * (n_ / 16 + 2));
@@ -406,7 +417,8 @@ class Distributions {
     if (it != memo.end()) return it->second;
     testing::CompressionRun& run = full ? *full_ : *comp_;
     std::vector<int32_t> positions;
-    for (size_t i = 0; i < continuation.size(); ++i) positions.push_back(static_cast<int32_t>(n_ + static_cast<int64_t>(i)));
+    for (size_t i = 0; i < continuation.size(); ++i)
+      positions.push_back(static_cast<int32_t>(n_ + static_cast<int64_t>(i)));
     ForwardItem item{continuation, positions, &run.kv, &run.pool, LogitRows::kLast, 0};
     at::Tensor out;
     EXPECT_TRUE(m_.forward(std::span(&item, 1), &out).ok());
@@ -418,7 +430,8 @@ class Distributions {
  private:
   class Identity : public CompressorBase {  // keeps everything: the full cache
    public:
-    Identity() : CompressorBase("identity", CompressorFamily::kTokenDropping, CompressionMode::kOnline, kAllScenarios) {}
+    Identity()
+        : CompressorBase("identity", CompressorFamily::kTokenDropping, CompressionMode::kOnline, kAllScenarios) {}
   };
   const LlamaModel& m_;
   Identity identity_;
@@ -444,12 +457,14 @@ TEST(Sampling, OutputFollowsTheFullKvDistribution) {
     std::map<std::vector<int32_t>, std::vector<float>> p_memo, q_memo;
     auto p = [&](const std::vector<int32_t>& ctx) -> const std::vector<float>& {
       auto it = p_memo.find(ctx);
-      if (it == p_memo.end()) it = p_memo.emplace(ctx, dense_distribution(d.logits(true, ctx).data(), vocab, params)).first;
+      if (it == p_memo.end())
+        it = p_memo.emplace(ctx, dense_distribution(d.logits(true, ctx).data(), vocab, params)).first;
       return it->second;
     };
     auto q = [&](const std::vector<int32_t>& ctx) -> const std::vector<float>& {
       auto it = q_memo.find(ctx);
-      if (it == q_memo.end()) it = q_memo.emplace(ctx, dense_distribution(d.logits(false, ctx).data(), vocab, params)).first;
+      if (it == q_memo.end())
+        it = q_memo.emplace(ctx, dense_distribution(d.logits(false, ctx).data(), vocab, params)).first;
       return it->second;
     };
     // Exact full-KV probabilities of the first one, two and three tokens.
@@ -502,8 +517,10 @@ TEST(Sampling, OutputFollowsTheFullKvDistribution) {
                   static_cast<double>(accepted) / drafted);
       for (int k = 0; k < 3; ++k) {
         const auto [chi2, dof] = chi_square(counts[k], expected[k], n);
-        std::printf(" | %d token%s chi2 %.1f (dof %d, critical %.1f)", k + 1, k ? "s" : "", chi2, dof, chi2_critical_001(dof));
-        EXPECT_LT(chi2, chi2_critical_001(dof)) << "T=" << temperature << " " << draft_sampling_name(mode) << ", " << k + 1 << " tokens";
+        std::printf(" | %d token%s chi2 %.1f (dof %d, critical %.1f)", k + 1, k ? "s" : "", chi2, dof,
+                    chi2_critical_001(dof));
+        EXPECT_LT(chi2, chi2_critical_001(dof))
+            << "T=" << temperature << " " << draft_sampling_name(mode) << ", " << k + 1 << " tokens";
       }
       std::printf("\n");
       EXPECT_LT(accepted, drafted) << "no rejection: the test would not exercise the residual";

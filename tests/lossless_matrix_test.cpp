@@ -63,8 +63,10 @@ void run_case(const LlamaModel& m, const EngineOptions& options, const std::vect
       ASSERT_TRUE(engine.add_request(requests[i]).ok());
     } else {
       const Prefilled& p = *prefilled[i];
-      ASSERT_TRUE(engine.add_prefilled(requests[i], p.kv, *prefill_pool, p.next_logits,
-                                       p.kept.at(options.compressor->name())[ratio_index]).ok());
+      ASSERT_TRUE(engine
+                      .add_prefilled(requests[i], p.kv, *prefill_pool, p.next_logits,
+                                     p.kept.at(options.compressor->name())[ratio_index])
+                      .ok());
     }
   }
   ASSERT_TRUE(engine.run().ok());
@@ -72,7 +74,8 @@ void run_case(const LlamaModel& m, const EngineOptions& options, const std::vect
   ASSERT_EQ(results.size(), requests.size());
   for (const EngineResult& r : results) {
     EXPECT_EQ(r.compressor_failure, "");
-    const bool same = r.generation.tokens == reference[r.request_id].tokens && r.generation.finish == reference[r.request_id].finish;
+    const bool same =
+        r.generation.tokens == reference[r.request_id].tokens && r.generation.finish == reference[r.request_id].finish;
     EXPECT_TRUE(same) << options.compressor->name() << " c=" << options.ratio << " x=" << options.draft_length
                       << " batch=" << requests.size() << ", request " << r.request_id;
     out->mismatched += same ? 0 : 1;
@@ -86,9 +89,11 @@ void run_case(const LlamaModel& m, const EngineOptions& options, const std::vect
 TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
-  const auto data = nlohmann::json::parse(testing::read_file(testing::source_path("datasets/lossless_prompts/prompts.json")));
+  const auto data =
+      nlohmann::json::parse(testing::read_file(testing::source_path("datasets/lossless_prompts/prompts.json")));
   size_t n_prompts = data.at("prompts").size();
-  if (const char* env = std::getenv("VERICACHE_MATRIX_PROMPTS")) n_prompts = std::min(n_prompts, static_cast<size_t>(std::atoi(env)));
+  if (const char* env = std::getenv("VERICACHE_MATRIX_PROMPTS"))
+    n_prompts = std::min(n_prompts, static_cast<size_t>(std::atoi(env)));
   const std::vector<std::string> offline = {"snapkv", "expected_attention", "kvzip"};
   std::map<std::string, std::shared_ptr<Compressor>> plugins;
   for (const std::string name : {"snapkv", "expected_attention", "kvzip", "kvzap"}) {
@@ -135,7 +140,8 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
       std::vector<std::vector<LayerDrops>> drops(offline.size());
       const std::vector<double> ratios{0.25};  // offline plugins read the ratio in compress()
       std::vector<LayerObserver> observers;
-      for (size_t c = 0; c < offline.size(); ++c) observers.push_back(compression_observer(*plugins[offline[c]], ratios, &drops[c]));
+      for (size_t c = 0; c < offline.size(); ++c)
+        observers.push_back(compression_observer(*plugins[offline[c]], ratios, &drops[c]));
       at::Tensor logits;
       ASSERT_TRUE(m->forward(std::span(&item, 1), &logits, [&](const LayerActivations& acts) {
                      for (const LayerObserver& o : observers) VC_RETURN_IF_ERROR(o(acts));
@@ -171,8 +177,9 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
           run_case(*m, options, requests, online ? std::vector<const Prefilled*>{} : all, &*prefill_pool, ri, reference,
                    &results[name][kRatios[ri]][x][kGroup]);
           for (size_t i = 0; i < requests.size(); ++i) {
-            run_case(*m, options, {requests[i]}, online ? std::vector<const Prefilled*>{} : std::vector<const Prefilled*>{all[i]},
-                     &*prefill_pool, ri, {reference[i]}, &results[name][kRatios[ri]][x][1]);
+            run_case(*m, options, {requests[i]},
+                     online ? std::vector<const Prefilled*>{} : std::vector<const Prefilled*>{all[i]}, &*prefill_pool,
+                     ri, {reference[i]}, &results[name][kRatios[ri]][x][1]);
           }
         }
       }
@@ -191,8 +198,9 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
       for (const auto& [x, by_batch] : by_x) {
         for (const auto& [batch, r] : by_batch) {
           char row[256];
-          std::snprintf(row, sizeof(row), "| %s | %.2f | %lld | %d | %lld | %lld | %.2f | %.3f |\n", name.c_str(), ratio,
-                        static_cast<long long>(x), batch, static_cast<long long>(r.requests), static_cast<long long>(r.mismatched),
+          std::snprintf(row, sizeof(row), "| %s | %.2f | %lld | %d | %lld | %lld | %.2f | %.3f |\n", name.c_str(),
+                        ratio, static_cast<long long>(x), batch, static_cast<long long>(r.requests),
+                        static_cast<long long>(r.mismatched),
                         r.drafts ? 1.0 + static_cast<double>(r.accepted) / r.drafts : 0.0,
                         r.drafted ? static_cast<double>(r.accepted) / r.drafted : 0.0);
           table += row;
@@ -202,8 +210,8 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
       }
     }
   }
-  std::printf("%s%lld cases, %zu prompts, %lld mismatching requests, %.0f s\n", table.c_str(), static_cast<long long>(cases),
-              n_prompts, static_cast<long long>(mismatched),
+  std::printf("%s%lld cases, %zu prompts, %lld mismatching requests, %.0f s\n", table.c_str(),
+              static_cast<long long>(cases), n_prompts, static_cast<long long>(mismatched),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (const char* path = std::getenv("VERICACHE_MATRIX_OUT")) {
     std::ofstream out(path);
@@ -211,7 +219,8 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
         << "- command: `VERICACHE_MATRIX_OUT=" << path << " build/tests/lossless_matrix_tests` (" << n_prompts
         << " prompts of datasets/lossless_prompts, " << kMaxTokens << " greedy tokens each)\n"
         << "- every request's tokens and finish reason compared with full-KV decoding (Generator)\n\n"
-        << table << "\n" << cases << " cases, " << mismatched << " mismatching requests\n";
+        << table << "\n"
+        << cases << " cases, " << mismatched << " mismatching requests\n";
   }
 }
 

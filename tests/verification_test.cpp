@@ -49,7 +49,8 @@ TEST(Verification, DenseDistributionMatchesTheSampler) {
   double total = 0;
   for (float p : dense) total += p;
   EXPECT_NEAR(total, 1.0, 1e-6);
-  for (size_t i = 0; i < sparse.ids.size(); ++i) EXPECT_FLOAT_EQ(dense[sparse.ids[i]], static_cast<float>(sparse.probs[i]));
+  for (size_t i = 0; i < sparse.ids.size(); ++i)
+    EXPECT_FLOAT_EQ(dense[sparse.ids[i]], static_cast<float>(sparse.probs[i]));
   int nonzero = 0;
   for (float p : dense) nonzero += p > 0 ? 1 : 0;
   EXPECT_EQ(nonzero, static_cast<int>(sparse.ids.size()));

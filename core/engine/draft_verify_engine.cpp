@@ -45,45 +45,25 @@ void narrow_rows(const LayerActivations& all, int64_t begin, int64_t n, RequestR
 
 const char* draft_kv_name(DraftKv mode) { return mode == DraftKv::kDrafted ? "drafted" : "verified"; }
 
-void RequestMetrics::add(const RequestMetrics& o) {
-  prompt_tokens += o.prompt_tokens;
-  generated_tokens += o.generated_tokens;
-  drafts += o.drafts;
-  draft_tokens += o.draft_tokens;
-  accepted_tokens += o.accepted_tokens;
-  const size_t n = std::max(drafted_per_position.size(), o.drafted_per_position.size());
-  drafted_per_position.resize(n, 0);
-  accepted_per_position.resize(n, 0);
-  for (size_t i = 0; i < o.drafted_per_position.size(); ++i) {
-    drafted_per_position[i] += o.drafted_per_position[i];
-    accepted_per_position[i] += o.accepted_per_position[i];
-  }
-  verify_windows += o.verify_windows;
-  draft_steps += o.draft_steps;
-  transfer_bytes += o.transfer_bytes;
-  prefill_seconds += o.prefill_seconds;
-  draft_seconds += o.draft_seconds;
-  verify_seconds += o.verify_seconds;
-  transfer_wait_seconds += o.transfer_wait_seconds;
-  full_kv_slots += o.full_kv_slots;
-  resident_kv_slots += o.resident_kv_slots;
-}
-
 struct DraftVerifyEngine::Request {
   Request(int64_t request_id, GenerationRequest r, int64_t n_layers)
-      : id(request_id), req(std::move(r)), full(n_layers), comp(n_layers), staged(n_layers, PageKind::kTransient),
+      : id(request_id),
+        req(std::move(r)),
+        full(n_layers),
+        comp(n_layers),
+        staged(n_layers, PageKind::kTransient),
         rng(req.sampling.seed),
         draft_rng(req.sampling.seed ^ 0x5851f42d4c957f2dull) {}
 
   int64_t id;
   GenerationRequest req;
   Phase phase = Phase::kPrefill;
-  SequenceKv full;  // in the host pool
-  SequenceKv comp;  // in the device pool's resident pages
-  SequenceKv staged;  // transfer mode: KV_full's copy in the device pool's transient pages
+  SequenceKv full;      // in the host pool
+  SequenceKv comp;      // in the device pool's resident pages
+  SequenceKv staged;    // transfer mode: KV_full's copy in the device pool's transient pages
   uint64_t ticket = 0;  // the transfer filling `staged`; 0: none queued
-  Rng rng;          // first token and verification
-  Rng draft_rng;    // sampled drafts
+  Rng rng;              // first token and verification
+  Rng draft_rng;        // sampled drafts
   int64_t prefilled = 0;
   int64_t committed = 0;  // positions held by KV_full
   int32_t pending = 0;    // the last committed token, at position `committed`, in no cache yet
@@ -113,7 +93,10 @@ struct DraftVerifyEngine::Request {
 
 DraftVerifyEngine::DraftVerifyEngine(const LlamaModel& model, PagePool& device_pool, PagePool& host_pool,
                                      EngineOptions options)
-    : model_(model), device_pool_(device_pool), host_pool_(host_pool), options_(options),
+    : model_(model),
+      device_pool_(device_pool),
+      host_pool_(host_pool),
+      options_(options),
       clock_(options.clock != nullptr ? options.clock : &steady_clock_) {}
 
 DraftVerifyEngine::~DraftVerifyEngine() {
@@ -138,16 +121,19 @@ Status DraftVerifyEngine::validate_options() const {
     return Status::invalid_argument("the device pool has no resident pages for compressed caches");
   }
   if (options_.transfer != nullptr && device_pool_.spec().page_size != host_pool_.spec().page_size) {
-    return Status::invalid_argument("verification from transient pages needs the same page size in the host and device pools");
+    return Status::invalid_argument(
+        "verification from transient pages needs the same page size in the host and device pools");
   }
   if (model_.forward_path() != ForwardPath::kCpuKernels) {
     // Its forwards mix caches of several pools, which only the CPU kernels read (the GPU path is a later issue).
-    return Status::not_supported("the draft-verify engine runs on the CPU kernels' forward; this model uses the torch forward");
+    return Status::not_supported(
+        "the draft-verify engine runs on the CPU kernels' forward; this model uses the torch forward");
   }
   return Status();
 }
 
-DraftVerifyEngine::PageDemand DraftVerifyEngine::pages_for_request(const LlamaModel& model, const EngineOptions& options,
+DraftVerifyEngine::PageDemand DraftVerifyEngine::pages_for_request(const LlamaModel& model,
+                                                                   const EngineOptions& options,
                                                                    int64_t device_page_size, int64_t host_page_size,
                                                                    const GenerationRequest& request) {
   const int64_t layers = model.config().n_layers, ctx = model.config().context_length;
@@ -165,7 +151,8 @@ DraftVerifyEngine::PageDemand DraftVerifyEngine::pages_for_request(const LlamaMo
   return d;
 }
 
-DraftVerifyEngine::PageDemand DraftVerifyEngine::pages_for_requests(const LlamaModel& model, const EngineOptions& options,
+DraftVerifyEngine::PageDemand DraftVerifyEngine::pages_for_requests(const LlamaModel& model,
+                                                                    const EngineOptions& options,
                                                                     int64_t device_page_size, int64_t host_page_size,
                                                                     std::span<const GenerationRequest> requests) {
   PageDemand all;
@@ -183,8 +170,9 @@ DraftVerifyEngine::PageDemand DraftVerifyEngine::worst_case(const Request& r) co
     return pages_for_request(model_, options_, device_pool_.spec().page_size, host_pool_.spec().page_size, r.req);
   }
   // Past prefill: what is held, plus room for every token still to come and one window.
-  const int64_t growth = std::max<int64_t>(r.req.max_new_tokens - static_cast<int64_t>(r.result.generation.tokens.size()), 0) +
-                         options_.draft_length + 1;
+  const int64_t growth =
+      std::max<int64_t>(r.req.max_new_tokens - static_cast<int64_t>(r.result.generation.tokens.size()), 0) +
+      options_.draft_length + 1;
   PageDemand d;
   d.host = r.full.pages_held() + r.full.pages_needed(host_pool_.spec(), growth);
   d.device = r.full_only ? 0 : r.comp.pages_held() + r.comp.pages_needed(device_pool_.spec(), growth);
@@ -196,17 +184,21 @@ Result<int64_t> DraftVerifyEngine::add_prefilled(GenerationRequest request, cons
                                                  std::vector<at::Tensor> kept) {
   const auto n = static_cast<int64_t>(request.prompt.size());
   const KvPageSpec& spec = prompt_pool.spec();
-  if (prompt_kv.compressed() || prompt_kv.n_layers() != model_.config().n_layers || spec.n_layers != model_.config().n_layers ||
-      spec.n_kv_heads != model_.config().n_kv_heads || spec.head_dim != model_.config().head_dim) {
+  if (prompt_kv.compressed() || prompt_kv.n_layers() != model_.config().n_layers ||
+      spec.n_layers != model_.config().n_layers || spec.n_kv_heads != model_.config().n_kv_heads ||
+      spec.head_dim != model_.config().head_dim) {
     return Status::invalid_argument("add_prefilled: the prompt's KV must be a full cache of this model");
   }
   if (&prompt_pool == &host_pool_ || &prompt_pool == &device_pool_) {
-    return Status::invalid_argument("add_prefilled: the prompt's KV must live in a pool of its own (admission counts the engine's pools as its own)");
+    return Status::invalid_argument(
+        "add_prefilled: the prompt's KV must live in a pool of its own (admission counts the engine's pools as its "
+        "own)");
   }
   for (int64_t l = 0; l < prompt_kv.n_layers(); ++l) {
     if (prompt_kv.length(l) != n) {
-      return Status::invalid_argument("add_prefilled: the prompt has " + std::to_string(n) + " tokens but its KV holds " +
-                                      std::to_string(prompt_kv.length(l)) + " in layer " + std::to_string(l));
+      return Status::invalid_argument("add_prefilled: the prompt has " + std::to_string(n) +
+                                      " tokens but its KV holds " + std::to_string(prompt_kv.length(l)) + " in layer " +
+                                      std::to_string(l));
     }
   }
   if (static_cast<int64_t>(next_logits.size()) != model_.config().vocab_size) {
@@ -249,17 +241,19 @@ Result<int64_t> DraftVerifyEngine::add_request(GenerationRequest request) {
   }
   const PageDemand need =
       pages_for_request(model_, options_, device_pool_.spec().page_size, host_pool_.spec().page_size, request);
-  const int64_t device_pages = device_pool_.num_pages(PageKind::kResident), host_pages = host_pool_.num_pages(PageKind::kResident);
+  const int64_t device_pages = device_pool_.num_pages(PageKind::kResident),
+                host_pages = host_pool_.num_pages(PageKind::kResident);
   if (need.device > device_pages || need.host > host_pages) {
-    return Status::invalid_argument("request " + std::to_string(next_id_) + " can never fit: it needs up to " +
-                                    std::to_string(need.device) + " resident device pages (pool: " +
-                                    std::to_string(device_pages) + ") and " + std::to_string(need.host) +
-                                    " host pages (pool: " + std::to_string(host_pages) + ")");
+    return Status::invalid_argument(
+        "request " + std::to_string(next_id_) + " can never fit: it needs up to " + std::to_string(need.device) +
+        " resident device pages (pool: " + std::to_string(device_pages) + ") and " + std::to_string(need.host) +
+        " host pages (pool: " + std::to_string(host_pages) + ")");
   }
   if (need.transient > device_pool_.num_pages(PageKind::kTransient)) {
-    return Status::invalid_argument("request " + std::to_string(next_id_) + " can never be verified: its full cache needs up to " +
-                                    std::to_string(need.transient) + " transient device pages (pool: " +
-                                    std::to_string(device_pool_.num_pages(PageKind::kTransient)) + ")");
+    return Status::invalid_argument(
+        "request " + std::to_string(next_id_) + " can never be verified: its full cache needs up to " +
+        std::to_string(need.transient) +
+        " transient device pages (pool: " + std::to_string(device_pool_.num_pages(PageKind::kTransient)) + ")");
   }
   auto r = std::make_unique<Request>(next_id_, std::move(request), model_.config().n_layers);
   r->result.request_id = r->id;
@@ -350,7 +344,8 @@ void DraftVerifyEngine::finish(Request& r) {
 
 void DraftVerifyEngine::commit_token(Request& r, int32_t token, int64_t position) {
   if (r.done) return;
-  const std::vector<int32_t>& stops = r.req.stop_ids.empty() ? model_.tokenizer().end_of_generation_ids() : r.req.stop_ids;
+  const std::vector<int32_t>& stops =
+      r.req.stop_ids.empty() ? model_.tokenizer().end_of_generation_ids() : r.req.stop_ids;
   GenerationResult& g = r.result.generation;
   if (!r.req.ignore_eos && std::find(stops.begin(), stops.end(), token) != stops.end()) {
     g.finish = FinishReason::kEndOfGeneration;
@@ -376,7 +371,8 @@ Status DraftVerifyEngine::build_compressed(Request& r) {
   if (!r.given_kept.empty()) {
     kept = std::move(r.given_kept);
     const KvCacheView view = r.full.view(host_pool_);
-    VC_RETURN_IF_ERROR(check_compressed_kv(c != nullptr ? c->name() : "kept set", CompressedKV{kept, 0}, view.layout, view.lengths));
+    VC_RETURN_IF_ERROR(
+        check_compressed_kv(c != nullptr ? c->name() : "kept set", CompressedKV{kept, 0}, view.layout, view.lengths));
   } else if (c == nullptr || r.external_prefill) {  // nothing ran the compressor: keep everything
     const at::Tensor all = at::arange(n, at::kLong).unsqueeze(0).expand({spec.n_kv_heads, n}).contiguous();
     for (auto& k : kept) k = all;
@@ -405,7 +401,8 @@ Status DraftVerifyEngine::build_compressed(Request& r) {
         }
       }
       kept[l] = at::empty({spec.n_kv_heads, static_cast<int64_t>(heads[0].size())}, at::kLong);
-      for (int64_t h = 0; h < spec.n_kv_heads; ++h) std::copy(heads[h].begin(), heads[h].end(), kept[l][h].data_ptr<int64_t>());
+      for (int64_t h = 0; h < spec.n_kv_heads; ++h)
+        std::copy(heads[h].begin(), heads[h].end(), kept[l][h].data_ptr<int64_t>());
     }
     r.dropped.clear();
   }
@@ -422,7 +419,8 @@ void DraftVerifyEngine::finish_prefill(Request& r, const float* logits) {
   r.comp_end = n;
   r.pending = select_token(logits, model_.config().vocab_size, r.req.sampling, r.rng);
   if (!r.full_only) {
-    if (Status s = r.compressor_status.ok() ? build_compressed(r) : r.compressor_status; !s.ok()) fall_back_to_full(r, s);
+    if (Status s = r.compressor_status.ok() ? build_compressed(r) : r.compressor_status; !s.ok())
+      fall_back_to_full(r, s);
   }
   r.phase = Phase::kDraft;
   commit_token(r, r.pending, r.committed);
@@ -496,7 +494,8 @@ void DraftVerifyEngine::commit_window(Request& r, const float* rows) {
       for (const LayerDrops& d : drops) {
         if (!status.ok()) break;
         if (d.request_id != r.id) {
-          status = Status::plugin_error(options_.compressor->name() + ": drops for unknown request " + std::to_string(d.request_id));
+          status = Status::plugin_error(options_.compressor->name() + ": drops for unknown request " +
+                                        std::to_string(d.request_id));
         } else if (Status s = r.comp.drop(device_pool_, d.layer, d.positions); !s.ok()) {
           status = Status::plugin_error(options_.compressor->name() + ": " + s.message());
         }
@@ -540,7 +539,8 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members) {
       r->tokens.assign(1, r->pending);
       r->tokens.insert(r->tokens.end(), r->drafts.begin(), r->drafts.end());
       r->positions.resize(r->tokens.size());
-      for (size_t i = 0; i < r->tokens.size(); ++i) r->positions[i] = static_cast<int32_t>(r->committed + static_cast<int64_t>(i));
+      for (size_t i = 0; i < r->tokens.size(); ++i)
+        r->positions[i] = static_cast<int32_t>(r->committed + static_cast<int64_t>(i));
       if (options_.transfer != nullptr) {
         batch.push_back({r->tokens, r->positions, &r->staged, &device_pool_, LogitRows::kAll, r->id});
       } else {
@@ -572,8 +572,8 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members) {
           const int64_t heads = model_.config().n_kv_heads;
           for (const LayerDrops& d : drops) {
             if (!r.compressor_status.ok()) break;
-            if (d.request_id != r.id || !d.positions.defined() || d.positions.dim() != 2 || d.positions.size(0) != heads ||
-                d.positions.scalar_type() != at::kLong) {
+            if (d.request_id != r.id || !d.positions.defined() || d.positions.dim() != 2 ||
+                d.positions.size(0) != heads || d.positions.scalar_type() != at::kLong) {
               r.compressor_status = Status::plugin_error(c->name() + ": layer " + std::to_string(acts.layer) +
                                                          ": drops must be an int64 tensor [" + std::to_string(heads) +
                                                          ", n] for this request");
@@ -586,8 +586,9 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members) {
               for (int64_t j = 0; j < p.size(1); ++j) {
                 const int64_t position = data[h * p.size(1) + j];
                 if (position < 0 || position >= r.prefilled + n) {
-                  r.compressor_status = Status::plugin_error(c->name() + ": layer " + std::to_string(acts.layer) +
-                                                             ": dropped position " + std::to_string(position) + " is not held");
+                  r.compressor_status =
+                      Status::plugin_error(c->name() + ": layer " + std::to_string(acts.layer) + ": dropped position " +
+                                           std::to_string(position) + " is not held");
                   break;
                 }
                 r.dropped[acts.layer][h].push_back(position);
@@ -595,9 +596,10 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members) {
             }
           }
         } else if (phases[i] == Phase::kVerify && !r.window_rows.empty()) {
-          r.window_rows[acts.layer] = Request::Rows{acts.hidden.narrow(0, begin, n).clone(), acts.q.narrow(0, begin, n).clone(),
-                                                    acts.k.narrow(0, begin, n).clone(), acts.v.narrow(0, begin, n).clone(),
-                                                    acts.positions.narrow(0, begin, n).clone()};
+          r.window_rows[acts.layer] =
+              Request::Rows{acts.hidden.narrow(0, begin, n).clone(), acts.q.narrow(0, begin, n).clone(),
+                            acts.k.narrow(0, begin, n).clone(), acts.v.narrow(0, begin, n).clone(),
+                            acts.positions.narrow(0, begin, n).clone()};
         }
       }
       return Status();

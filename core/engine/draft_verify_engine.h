@@ -69,20 +69,20 @@ enum class DraftKv {
 const char* draft_kv_name(DraftKv mode);  // "drafted", "verified"
 
 struct EngineOptions {
-  int64_t draft_length = 8;                  // x: tokens drafted per window, >= 1
-  Compressor* compressor = nullptr;          // borrowed, attach()ed; nullptr: KV_comp is a full copy
-  double ratio = 0.25;                       // c, the kept fraction the compressor runs at
-  int64_t prefill_chunk = 512;               // prompt tokens per request per forward
+  int64_t draft_length = 8;          // x: tokens drafted per window, >= 1
+  Compressor* compressor = nullptr;  // borrowed, attach()ed; nullptr: KV_comp is a full copy
+  double ratio = 0.25;               // c, the kept fraction the compressor runs at
+  int64_t prefill_chunk = 512;       // prompt tokens per request per forward
   DraftKv draft_kv = DraftKv::kVerified;
   DraftSampling draft_sampling = DraftSampling::kSampled;  // T > 0 only
-  TransferEngine* transfer = nullptr;        // nullptr: verify in place; else from transient pages
-  const Clock* clock = nullptr;              // nullptr: a SteadyClock
-  StatsSink* sink = nullptr;                 // optional
+  TransferEngine* transfer = nullptr;                      // nullptr: verify in place; else from transient pages
+  const Clock* clock = nullptr;                            // nullptr: a SteadyClock
+  StatsSink* sink = nullptr;                               // optional
 };
 
 struct EngineResult {
   int64_t request_id = 0;
-  GenerationResult generation;   // tokens and finish reason, as Generator reports them
+  GenerationResult generation;  // tokens and finish reason, as Generator reports them
   RequestMetrics metrics;
   std::string compressor_failure;  // non-empty: the compressor failed and the request ran on KV_full
 };

@@ -25,15 +25,15 @@ struct RequestMetrics {
   int64_t accepted_tokens = 0;
   std::vector<int64_t> drafted_per_position;   // [i]: windows with a draft at position i
   std::vector<int64_t> accepted_per_position;  // [i]: of those, accepted
-  int64_t verify_windows = 0;   // verify forwards, also those with no draft (the last token)
-  int64_t draft_steps = 0;      // draft forwards this request took part in
-  int64_t transfer_bytes = 0;   // KV_full bytes moved into transient pages for verification
+  int64_t verify_windows = 0;                  // verify forwards, also those with no draft (the last token)
+  int64_t draft_steps = 0;                     // draft forwards this request took part in
+  int64_t transfer_bytes = 0;                  // KV_full bytes moved into transient pages for verification
   double prefill_seconds = 0;
   double draft_seconds = 0;
   double verify_seconds = 0;
   double transfer_wait_seconds = 0;  // verify windows held back waiting for their KV_full copy
-  int64_t full_kv_slots = 0;      // uncompressed cache length summed over layers, at the end
-  int64_t resident_kv_slots = 0;  // compressed cache slots summed over layers, at the end
+  int64_t full_kv_slots = 0;         // uncompressed cache length summed over layers, at the end
+  int64_t resident_kv_slots = 0;     // compressed cache slots summed over layers, at the end
 
   double mean_acceptance_length() const {
     return drafts > 0 ? 1.0 + static_cast<double>(accepted_tokens) / static_cast<double>(drafts) : 0.0;

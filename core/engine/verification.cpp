@@ -62,7 +62,8 @@ WindowVerdict verify_sampled(std::span<const int32_t> drafts, std::span<const st
     std::vector<float> residual(p.size());
     double residual_mass = 0.0;
     for (size_t j = 0; j < p.size(); ++j) {
-      const double q_j = mode == DraftSampling::kArgmax ? (static_cast<int32_t>(j) == t ? 1.0 : 0.0) : draft_probs[i][j];
+      const double q_j =
+          mode == DraftSampling::kArgmax ? (static_cast<int32_t>(j) == t ? 1.0 : 0.0) : draft_probs[i][j];
       residual[j] = static_cast<float>(std::max(0.0, static_cast<double>(p[j]) - q_j));
       residual_mass += residual[j];
     }

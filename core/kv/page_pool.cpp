@@ -38,8 +38,8 @@ Result<PagePool> PagePool::create(const KvPageSpec& spec, const PagePoolOptions&
     pool.v_pages_ = at::empty({num_pages, spec.n_kv_heads, spec.page_size, spec.head_dim}, options);
   } catch (const c10::Error& e) {
     return Status::out_of_pages("cannot allocate " + std::to_string(num_pages) + " KV pages (" +
-                                std::to_string(num_pages * pool.page_bytes()) + " bytes) on " + o.device.str() +
-                                ": " + e.what_without_backtrace());
+                                std::to_string(num_pages * pool.page_bytes()) + " bytes) on " + o.device.str() + ": " +
+                                e.what_without_backtrace());
   }
   pool.in_use_.assign(num_pages, false);
   for (int64_t p = num_pages - 1; p >= 0; --p) {

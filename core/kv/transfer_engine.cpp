@@ -42,7 +42,8 @@ std::string TransferEngine::describe() const {
 
 Result<uint64_t> TransferEngine::submit(const SequenceKv& src, const PagePool& src_pool, SequenceKv* dst,
                                         PagePool& dst_pool, int64_t extra_slots) {
-  VC_CHECK(dst->pages_held() == 0 && dst->page_kind() == PageKind::kTransient, "submit: dst must be an empty transient cache");
+  VC_CHECK(dst->pages_held() == 0 && dst->page_kind() == PageKind::kTransient,
+           "submit: dst must be an empty transient cache");
   VC_CHECK(src_pool.spec().page_size == dst_pool.spec().page_size, "submit: page sizes differ");
   VC_CHECK(!src.compressed(), "submit: only full caches are transferred");
   const int64_t length = src.length(0);
@@ -142,7 +143,8 @@ void TransferEngine::worker() {
     const int64_t bytes = static_cast<int64_t>(job.src_pages.size()) * job.src_pool->page_bytes();
     if (options_.emulated_link_bytes_per_second > 0) {
       // The link is serial: this transfer's bytes pass after the previous transfer's.
-      const double finish = std::max(start, link_free_at_) + static_cast<double>(bytes) / options_.emulated_link_bytes_per_second;
+      const double finish =
+          std::max(start, link_free_at_) + static_cast<double>(bytes) / options_.emulated_link_bytes_per_second;
       link_free_at_ = finish;
       const double left = finish - now_seconds();
       if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));

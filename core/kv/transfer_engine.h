@@ -38,8 +38,8 @@ struct TransferOptions {
 
 struct TransferStats {
   int64_t transfers = 0;
-  int64_t bytes = 0;          // page bytes copied (keys and values)
-  double busy_seconds = 0;    // time the link spent copying (including emulated pacing)
+  int64_t bytes = 0;        // page bytes copied (keys and values)
+  double busy_seconds = 0;  // time the link spent copying (including emulated pacing)
 };
 
 class TransferEngine {
