@@ -8,6 +8,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "decoding_options.h"
 #include "engine/generator.h"
 #include "model/unicode.h"
 #include "util/thread_pool.h"
@@ -17,77 +18,34 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 namespace {
 
-struct GenerateOptions {
-  std::string model;
-  std::string prompt;
-  std::string prompt_file;
-  std::string system;
-  bool no_chat_template = false;
-  int64_t max_tokens = 128;
-  double temperature = 0.0;
-  int64_t top_k = 0;
-  double top_p = 1.0;
-  uint64_t seed = 0;
-  int64_t batch = 1;
+struct GenerateOptions : DecodingOptions {
   std::vector<std::string> stop;
-  bool ignore_eos = false;
-  int threads = 0;
   std::string device = "cpu";
   std::string dtype = "auto";
-  int64_t page_size = 16;
-  int64_t prefill_chunk = 512;
   std::string compressor;
   std::string params = "{}";
   double ratio = 1.0;
-  std::vector<std::string> plugin_dirs;
-  bool json = false;
 };
 
 po::options_description describe(GenerateOptions& o) {
   po::options_description d("vericache generate: generate text with full-KV decoding\n\nOptions");
+  add_decoding_options(d, o);
   // clang-format off
   d.add_options()
-    ("help,h", "print this help and exit")
-    ("model", po::value(&o.model), "GGUF model file (default: $VERICACHE_MODEL, else the embedded "
-                                   "SmolLM2-135M-Instruct that harness/setup.sh installs)")
-    ("prompt,p", po::value(&o.prompt), "prompt text")
-    ("prompt-file,f", po::value(&o.prompt_file), "read the prompt from a file ('-' for standard input)")
-    ("system", po::value(&o.system), "system message (chat template only; default: the template's own)")
-    ("no-chat-template", po::bool_switch(&o.no_chat_template), "tokenize the prompt as is, without the chat template")
-    ("max-tokens,n", po::value(&o.max_tokens)->default_value(128), "maximum tokens to generate")
-    ("temperature,t", po::value(&o.temperature)->default_value(0.0), "sampling temperature; 0 is greedy")
-    ("top-k", po::value(&o.top_k)->default_value(0), "sample among the k most likely tokens; 0 keeps all")
-    ("top-p", po::value(&o.top_p)->default_value(1.0), "sample from the smallest set with this much probability mass")
-    ("seed", po::value(&o.seed)->default_value(0), "random seed; request i of a batch uses seed + i")
-    ("batch,b", po::value(&o.batch)->default_value(1), "generate this many completions of the prompt in one batch")
     ("stop", po::value(&o.stop)->composing(), "stop when the generated text contains this string (repeatable)")
-    ("ignore-eos", po::bool_switch(&o.ignore_eos), "do not stop at end-of-generation tokens")
-    ("threads", po::value(&o.threads)->default_value(0), "CPU threads; 0 uses all cores")
     ("device", po::value(&o.device)->default_value("cpu"), "cpu, or cuda[:N] for the GPU forward")
     ("dtype", po::value(&o.dtype)->default_value("auto"), "float32, bfloat16 or float16; auto: float32 on cpu, bfloat16 on cuda")
-    ("page-size", po::value(&o.page_size)->default_value(16), "KV cache page size in tokens (a multiple of 16)")
-    ("prefill-chunk", po::value(&o.prefill_chunk)->default_value(512), "prompt tokens per request per prefill forward")
     ("compressor", po::value(&o.compressor), "decode on this compressor's cache alone (lossy; plugin name or path)")
     ("params", po::value(&o.params)->default_value("{}"), "the compressor's parameters as a JSON object")
-    ("ratio,c", po::value(&o.ratio)->default_value(1.0), "kept fraction c in (0, 1] for --compressor: KV_comp = c * KV_full")
-    ("plugin-dir", po::value(&o.plugin_dirs)->composing(), "also search this folder for plugins (repeatable)")
-    ("json", po::bool_switch(&o.json), "print one JSON object instead of streaming text");
+    ("ratio,c", po::value(&o.ratio)->default_value(1.0), "kept fraction c in (0, 1] for --compressor: KV_comp = c * KV_full");
   // clang-format on
   return d;
 }
 
 Status check_options(const GenerateOptions& o) {
-  if (o.max_tokens < 0) return Status::invalid_argument("--max-tokens must be >= 0");
-  if (o.temperature < 0) return Status::invalid_argument("--temperature must be >= 0");
-  if (o.top_k < 0) return Status::invalid_argument("--top-k must be >= 0");
-  if (!(o.top_p > 0 && o.top_p <= 1)) return Status::invalid_argument("--top-p must be in (0, 1]");
-  if (o.batch < 1) return Status::invalid_argument("--batch must be >= 1");
-  if (o.prefill_chunk < 1) return Status::invalid_argument("--prefill-chunk must be >= 1");
+  VC_RETURN_IF_ERROR(check_decoding_options(o));
   if (!(o.ratio > 0 && o.ratio <= 1)) return Status::invalid_argument("--ratio must be in (0, 1]");
   if (o.compressor.empty() && o.ratio != 1.0) return Status::invalid_argument("--ratio needs --compressor");
-  if (!o.system.empty() && o.no_chat_template) {
-    return Status::invalid_argument("--system needs the chat template; drop --no-chat-template");
-  }
   return Status();
 }
 
@@ -163,13 +121,7 @@ int run_generate(int argc, char** argv) {
   if (!prompt_ids.ok()) return report_error(prompt_ids.status());
   const std::vector<int32_t>& prompt = *prompt_ids;
 
-  std::vector<GenerationRequest> requests(o.batch);
-  for (int64_t i = 0; i < o.batch; ++i) {
-    requests[i].prompt = prompt;
-    requests[i].max_new_tokens = o.max_tokens;
-    requests[i].sampling = {o.temperature, o.top_k, o.top_p, o.seed + static_cast<uint64_t>(i)};
-    requests[i].ignore_eos = o.ignore_eos;
-  }
+  const std::vector<GenerationRequest> requests = make_requests(o, prompt);
   std::shared_ptr<Compressor> compressor;
   if (!o.compressor.empty()) {
     auto loaded = load_compressor_for(o.compressor, o.params, o.plugin_dirs, m);

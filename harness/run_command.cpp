@@ -12,6 +12,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "decoding_options.h"
 #include "engine/draft_verify_engine.h"
 #include "engine/generator.h"
 #include "util/thread_pool.h"
@@ -21,22 +22,7 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 namespace {
 
-struct RunOptions {
-  std::string model;
-  std::string prompt;
-  std::string prompt_file;
-  std::string system;
-  bool no_chat_template = false;
-  int64_t max_tokens = 128;
-  double temperature = 0.0;
-  int64_t top_k = 0;
-  double top_p = 1.0;
-  uint64_t seed = 0;
-  int64_t batch = 1;
-  bool ignore_eos = false;
-  int threads = 0;
-  int64_t page_size = 16;
-  int64_t prefill_chunk = 512;
+struct RunOptions : DecodingOptions {
   std::string compressor = "kvzip";
   std::string params = "{}";
   double ratio = 0.25;
@@ -48,9 +34,7 @@ struct RunOptions {
   std::string verify = "in-place";
   double link_gbps = 0;
   int64_t transient_pages = 0;
-  std::vector<std::string> plugin_dirs;
   bool check = false;
-  bool json = false;
   bool progress = false;
 };
 
@@ -61,21 +45,9 @@ po::options_description describe(RunOptions& o) {
       "its full KV cache: greedy output is token-identical to full-KV decoding, sampled output has the\n"
       "full-KV distribution. By default the full cache is verified in place (no copy); --verify transfer\n"
       "copies it into transient pages first, optionally over an emulated link (--link-gbps).\n\nOptions");
+  add_decoding_options(d, o);
   // clang-format off
   d.add_options()
-    ("help,h", "print this help and exit")
-    ("model", po::value(&o.model), "GGUF model file (default: $VERICACHE_MODEL, else the embedded SmolLM2-135M-Instruct)")
-    ("prompt,p", po::value(&o.prompt), "prompt text")
-    ("prompt-file,f", po::value(&o.prompt_file), "read the prompt from a file ('-' for standard input)")
-    ("system", po::value(&o.system), "system message (chat template only)")
-    ("no-chat-template", po::bool_switch(&o.no_chat_template), "tokenize the prompt as is, without the chat template")
-    ("max-tokens,n", po::value(&o.max_tokens)->default_value(128), "maximum tokens to generate per request")
-    ("temperature,t", po::value(&o.temperature)->default_value(0.0), "sampling temperature; 0 is greedy")
-    ("top-k", po::value(&o.top_k)->default_value(0), "sample among the k most likely tokens; 0 keeps all")
-    ("top-p", po::value(&o.top_p)->default_value(1.0), "sample from the smallest set with this much probability mass")
-    ("seed", po::value(&o.seed)->default_value(0), "random seed; request i of a batch uses seed + i")
-    ("batch,b", po::value(&o.batch)->default_value(1), "run this many requests of the prompt together")
-    ("ignore-eos", po::bool_switch(&o.ignore_eos), "do not stop at end-of-generation tokens")
     ("compressor", po::value(&o.compressor)->default_value("kvzip"),
      "the compressor that makes KV_comp (plugin name or .so path); 'none' drafts on a full copy")
     ("params", po::value(&o.params)->default_value("{}"), "the compressor's parameters as a JSON object")
@@ -86,9 +58,6 @@ po::options_description describe(RunOptions& o) {
     ("draft-sampling", po::value(&o.draft_sampling)->default_value("sampled"),
      "at T > 0: drafts drawn from the compressed distribution (sampled) or its argmax (argmax)")
     ("check", po::bool_switch(&o.check), "also decode with the full KV cache and report mismatching tokens (greedy only)")
-    ("threads", po::value(&o.threads)->default_value(0), "CPU threads; 0 uses all cores")
-    ("page-size", po::value(&o.page_size)->default_value(16), "KV page size in tokens (a multiple of 16)")
-    ("prefill-chunk", po::value(&o.prefill_chunk)->default_value(512), "prompt tokens per request per prefill forward")
     ("resident-pages", po::value(&o.resident_pages)->default_value(0),
      "resident pages for compressed caches; 0: enough for every request at once (fewer: requests wait)")
     ("host-pages", po::value(&o.host_pages)->default_value(0), "host-store pages for full caches; 0: enough for every request at once")
@@ -99,24 +68,13 @@ po::options_description describe(RunOptions& o) {
      "with --verify transfer: pace the copies as an emulated link of this many GB/s (0: memory speed)")
     ("transient-pages", po::value(&o.transient_pages)->default_value(0),
      "with --verify transfer: transient pages for full-cache copies; 0: one verify window per request at once")
-    ("plugin-dir", po::value(&o.plugin_dirs)->composing(), "also search this folder for plugins (repeatable)")
-    ("progress", po::bool_switch(&o.progress), "print a progress line on stderr (default when stderr is a terminal)")
-    ("json", po::bool_switch(&o.json), "print one JSON object with the texts and metrics");
+    ("progress", po::bool_switch(&o.progress), "print a progress line on stderr (default when stderr is a terminal)");
   // clang-format on
   return d;
 }
 
 Status check_options(const RunOptions& o) {
-  if (o.max_tokens < 0) return Status::invalid_argument("--max-tokens must be >= 0");
-  if (!(o.temperature >= 0)) return Status::invalid_argument("--temperature must be >= 0");
-  if (o.top_k < 0) return Status::invalid_argument("--top-k must be >= 0");
-  if (!(o.top_p > 0 && o.top_p <= 1)) return Status::invalid_argument("--top-p must be in (0, 1]");
-  if (o.batch < 1 || o.batch > 4096) return Status::invalid_argument("--batch must be in [1, 4096]");
-  if (o.prefill_chunk < 1) return Status::invalid_argument("--prefill-chunk must be >= 1");
-  if (o.threads < 0 || o.threads > 1024) return Status::invalid_argument("--threads must be in [0, 1024]");
-  if (o.page_size < 16 || o.page_size % 16 != 0 || o.page_size > 4096) {
-    return Status::invalid_argument("--page-size must be a multiple of 16 in [16, 4096]");
-  }
+  VC_RETURN_IF_ERROR(check_decoding_options(o));
   if (!(o.ratio > 0 && o.ratio <= 1)) return Status::invalid_argument("--ratio must be in (0, 1]");
   if (o.draft_length < 1 || o.draft_length > 256) return Status::invalid_argument("--draft-length must be in [1, 256]");
   if (o.draft_kv != "verified" && o.draft_kv != "drafted") {
@@ -141,9 +99,6 @@ Status check_options(const RunOptions& o) {
         "VeriCache matches the full-KV distribution, not its tokens");
   }
   if (o.compressor == "none" && o.params != "{}") return Status::invalid_argument("--params needs a compressor");
-  if (!o.system.empty() && o.no_chat_template) {
-    return Status::invalid_argument("--system needs the chat template; drop --no-chat-template");
-  }
   return Status();
 }
 
@@ -234,13 +189,7 @@ int run_run(int argc, char** argv) {
     if (!loaded.ok()) return report_error(loaded.status());
     compressor = std::move(*loaded);
   }
-  std::vector<GenerationRequest> requests(o.batch);
-  for (int64_t i = 0; i < o.batch; ++i) {
-    requests[i].prompt = *prompt_ids;
-    requests[i].max_new_tokens = o.max_tokens;
-    requests[i].sampling = {o.temperature, o.top_k, o.top_p, o.seed + static_cast<uint64_t>(i)};
-    requests[i].ignore_eos = o.ignore_eos;
-  }
+  const std::vector<GenerationRequest> requests = make_requests(o, *prompt_ids);
 
   EngineOptions options;
   options.draft_length = o.draft_length;

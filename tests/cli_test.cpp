@@ -214,6 +214,11 @@ TEST(Cli, RunRejectsBadOptionsWithOneLine) {
        "vericache run: --check compares tokens, which only greedy decoding (--temperature 0) makes identical; at T > 0 "
        "VeriCache matches the full-KV distribution, not its tokens\n"},
       {"run", "vericache run: no prompt: give --prompt TEXT or --prompt-file PATH\n"},
+      // Shared with generate (one declaration and check of the decoding options).
+      {"run -p hi --page-size 0", "vericache run: --page-size must be a multiple of 16 in [16, 4096]\n"},
+      {"generate -p hi --page-size 0", "vericache generate: --page-size must be a multiple of 16 in [16, 4096]\n"},
+      {"generate -p hi --threads -1", "vericache generate: --threads must be in [0, 1024]\n"},
+      {"run -p hi -t nan", "vericache run: --temperature must be >= 0\n"},
   };
   for (const auto& [args, message] : cases) {
     const CliRun r = run_vericache(args);
