@@ -216,7 +216,8 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
   if (const char* path = std::getenv("VERICACHE_MATRIX_OUT")) {
     std::ofstream out(path);
     out << "# The lossless matrix, SmolLM2-135M-Instruct on the CPU\n\n"
-        << "- command: `VERICACHE_MATRIX_OUT=" << path << " build/tests/lossless_matrix_tests` (" << n_prompts
+        << "- command: `" << (std::getenv("VERICACHE_MATRIX_PROMPTS") ? "VERICACHE_MATRIX_PROMPTS=" + std::to_string(n_prompts) + " " : "")
+        << "VERICACHE_MATRIX_OUT=" << path << " build/tests/lossless_matrix_tests` (" << n_prompts
         << " prompts of datasets/lossless_prompts, " << kMaxTokens << " greedy tokens each)\n"
         << "- every request's tokens and finish reason compared with full-KV decoding (Generator)\n\n"
         << table << "\n"
