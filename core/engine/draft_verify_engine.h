@@ -35,9 +35,9 @@
 // bitwise the logits one-token decoding computes. Sampled output has exactly the full-KV
 // distribution (per-request seeded generators: the same seed gives the same output).
 //
-// Ownership: borrows the model, the pools, the compressor, the transfer engine, the clock and the sink; every page a
-// request takes is returned when it finishes (and by the destructor). Thread-safety: one thread
-// drives an engine; the pools must not be used by anything else meanwhile.
+// Ownership: borrows the model, the pools, the compressor, the transfer engine, the clock and the
+// sink; every page a request takes is returned when it finishes (and by the destructor).
+// Thread-safety: one thread drives an engine; the pools must not be used by anything else meanwhile.
 #pragma once
 
 #include <cstdint>
