@@ -19,23 +19,6 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 namespace {
 
-std::vector<int64_t> parse_list(const std::string& text, const char* option) {
-  std::vector<int64_t> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      const int64_t v = std::stoll(item, &used);
-      if (used != item.size() || v <= 0) throw std::invalid_argument(item);
-      out.push_back(v);
-    } catch (const std::exception&) {
-      throw po::error(std::string("--") + option + ": '" + item + "' is not a positive integer");
-    }
-  }
-  if (out.empty()) throw po::error(std::string("--") + option + " needs at least one value");
-  return out;
-}
 
 }  // namespace
 
@@ -72,8 +55,8 @@ int run_bench(int argc, char** argv) {
   if (auto done = parse_command_line("bench", desc, example, argc, argv, &vm)) return *done;
   std::vector<int64_t> contexts, batches;
   try {
-    contexts = parse_list(contexts_arg, "contexts");
-    batches = parse_list(batches_arg, "batches");
+    contexts = parse_positive_list(contexts_arg, "contexts");
+    batches = parse_positive_list(batches_arg, "batches");
     if (decode_tokens < 2) throw po::error("--decode-tokens must be >= 2");
   } catch (const po::error& e) {
     return report_usage_error("bench", e.what());

@@ -19,10 +19,8 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "engine/compressed_kv_check.h"
 #include "engine/compression.h"
 #include "engine/draft_verify_engine.h"
-#include "engine/model_access.h"
 #include "util/mapped_file.h"
 #include "util/thread_pool.h"
 
@@ -33,23 +31,6 @@ namespace {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::vector<int64_t> parse_ints(const std::string& text, const std::string& what) {
-  std::vector<int64_t> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    try {
-      size_t used = 0;
-      const int64_t v = std::stoll(item, &used);
-      if (used != item.size() || v < 1) throw std::invalid_argument(item);
-      out.push_back(v);
-    } catch (const std::exception&) {
-      throw po::error("--" + what + " must be a comma-separated list of positive integers, got '" + text + "'");
-    }
-  }
-  if (out.empty()) throw po::error("--" + what + " is empty");
-  return out;
 }
 
 std::vector<std::string> parse_names(const std::string& text) {
@@ -119,9 +100,9 @@ int run_bench_engine(int argc, char** argv) {
   std::vector<int64_t> contexts, batches, drafts;
   std::vector<std::string> compressor_names;
   try {
-    contexts = parse_ints(contexts_arg, "contexts");
-    batches = parse_ints(batches_arg, "batches");
-    drafts = parse_ints(drafts_arg, "draft-lengths");
+    contexts = parse_positive_list(contexts_arg, "contexts");
+    batches = parse_positive_list(batches_arg, "batches");
+    drafts = parse_positive_list(drafts_arg, "draft-lengths");
     compressor_names = parse_names(compressors_arg);
     if (decode_tokens < 2) throw po::error("--decode-tokens must be >= 2");
     if (!(ratio > 0 && ratio <= 1)) throw po::error("--ratio must be in (0, 1]");
@@ -215,10 +196,7 @@ int run_bench_engine(int argc, char** argv) {
                    compressors[c]->name().c_str());
       t0 = now_seconds();
       CompressedKV out;
-      LlamaModelAccess access(m, *base_pool, base, prompt, 0);
-      const KvCacheView view = base.view(*base_pool);
-      Status s = compressors[c]->compress(view, ratio, access, &out);
-      if (s.ok()) s = check_compressed_kv(compressors[c]->name(), out, view.layout, view.lengths);
+      const Status s = compute_kept(m, *base_pool, *compressors[c], ratio, prompt, 0, base, &out);
       compressors[c]->release(0);
       if (!s.ok()) return report_error(s);
       kept[c] = std::move(out.kept);

@@ -142,4 +142,22 @@ Result<std::shared_ptr<Compressor>> load_compressor_for(const std::string& name_
   return compressor;
 }
 
+std::vector<int64_t> parse_positive_list(const std::string& text, const char* option) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      const int64_t v = std::stoll(item, &used);
+      if (used != item.size() || v <= 0) throw std::invalid_argument(item);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw boost::program_options::error(std::string("--") + option + ": '" + item + "' is not a positive integer");
+    }
+  }
+  if (out.empty()) throw boost::program_options::error(std::string("--") + option + " needs at least one value");
+  return out;
+}
+
 }  // namespace vericache::cli

@@ -57,6 +57,10 @@ std::optional<int> parse_command_line(const std::string& command, const boost::p
                                       const std::string& examples, int argc, char** argv,
                                       boost::program_options::variables_map* vm);
 
+// A comma-separated list of positive integers ("512,2048") for option --`option`; throws
+// boost::program_options::error naming the bad item (callers report it as a usage error).
+std::vector<int64_t> parse_positive_list(const std::string& text, const char* option);
+
 // Prints "vericache: error: <message>" to stderr and returns kExitFailure.
 int report_error(const Status& status);
 int report_usage_error(const std::string& command, const std::string& message);

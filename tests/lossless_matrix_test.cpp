@@ -21,11 +21,9 @@
 #include <string>
 
 #include "compression_support.h"
-#include "engine/compressed_kv_check.h"
 #include "engine/compression.h"
 #include "engine/draft_verify_engine.h"
 #include "engine/generator.h"
-#include "engine/model_access.h"
 #include "test_support.h"
 
 namespace vericache {
@@ -152,10 +150,7 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
         Compressor& c = *plugins[name];
         for (double ratio : kRatios) {
           CompressedKV out;
-          LlamaModelAccess access(*m, *prefill_pool, p.kv, p.ids, 0);
-          const KvCacheView view = p.kv.view(*prefill_pool);
-          Status s = c.compress(view, ratio, access, &out);
-          if (s.ok()) s = check_compressed_kv(name, out, view.layout, view.lengths);
+          const Status s = compute_kept(*m, *prefill_pool, c, ratio, p.ids, 0, p.kv, &out);
           ASSERT_TRUE(s.ok()) << name << " on prompt " << g0 + i << ": " << s.message();
           p.kept[name].push_back(std::move(out.kept));
         }
@@ -216,7 +211,9 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
   if (const char* path = std::getenv("VERICACHE_MATRIX_OUT")) {
     std::ofstream out(path);
     out << "# The lossless matrix, SmolLM2-135M-Instruct on the CPU\n\n"
-        << "- command: `" << (std::getenv("VERICACHE_MATRIX_PROMPTS") ? "VERICACHE_MATRIX_PROMPTS=" + std::to_string(n_prompts) + " " : "")
+        << "- command: `"
+        << (std::getenv("VERICACHE_MATRIX_PROMPTS") ? "VERICACHE_MATRIX_PROMPTS=" + std::to_string(n_prompts) + " "
+                                                    : "")
         << "VERICACHE_MATRIX_OUT=" << path << " build/tests/lossless_matrix_tests` (" << n_prompts
         << " prompts of datasets/lossless_prompts, " << kMaxTokens << " greedy tokens each)\n"
         << "- every request's tokens and finish reason compared with full-KV decoding (Generator)\n\n"

@@ -54,6 +54,12 @@ TEST(Verification, DenseDistributionMatchesTheSampler) {
   int nonzero = 0;
   for (float p : dense) nonzero += p > 0 ? 1 : 0;
   EXPECT_EQ(nonzero, static_cast<int>(sparse.ids.size()));
+  // Without top-k and top-p the dense softmax skips the sort: the same probabilities.
+  const SamplingParams plain{0.7, 0, 1.0, 0};
+  const std::vector<float> all = dense_distribution(logits.data(), 6, plain);
+  const SamplingDistribution all_sparse = make_distribution(logits.data(), 6, plain);
+  ASSERT_EQ(all_sparse.ids.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(all[all_sparse.ids[i]], static_cast<float>(all_sparse.probs[i]));
 }
 
 // One window of x = 1 over fixed distributions: the first output token must follow p whatever q

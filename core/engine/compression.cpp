@@ -9,7 +9,8 @@
 
 namespace vericache {
 
-LayerObserver compression_observer(Compressor& compressor, std::span<const double> ratios, std::vector<LayerDrops>* drops) {
+LayerObserver compression_observer(Compressor& compressor, std::span<const double> ratios,
+                                   std::vector<LayerDrops>* drops) {
   return [&compressor, ratios, drops](const LayerActivations& acts) {
     LayerActivations with_ratios = acts;
     with_ratios.ratios = ratios;
@@ -45,12 +46,17 @@ Status compress_offline(const LlamaModel& model, PagePool& pool, Compressor& com
                         std::span<const int32_t> prompt, int64_t request_id, SequenceKv& kv, CompressedKV* compressed) {
   CompressedKV local;
   CompressedKV& out = compressed != nullptr ? *compressed : local;
-  LlamaModelAccess access(model, pool, kv, prompt, request_id);
-  const KvCacheView view = kv.view(pool);
-  VC_RETURN_IF_ERROR(compressor.compress(view, ratio, access, &out));
-  VC_RETURN_IF_ERROR(check_compressed_kv(compressor.name(), out, view.layout, view.lengths));
+  VC_RETURN_IF_ERROR(compute_kept(model, pool, compressor, ratio, prompt, request_id, kv, &out));
   kv.compact(pool, out.kept);
   return Status();
+}
+
+Status compute_kept(const LlamaModel& model, PagePool& pool, Compressor& compressor, double ratio,
+                    std::span<const int32_t> prompt, int64_t request_id, SequenceKv& kv, CompressedKV* out) {
+  LlamaModelAccess access(model, pool, kv, prompt, request_id);
+  const KvCacheView view = kv.view(pool);
+  VC_RETURN_IF_ERROR(compressor.compress(view, ratio, access, out));
+  return check_compressed_kv(compressor.name(), *out, view.layout, view.lengths);
 }
 
 Status prefill_and_compress(const LlamaModel& model, PagePool& pool, Compressor& compressor, double ratio,

@@ -31,6 +31,12 @@ Status forward_with_compressor(const LlamaModel& model, std::span<const ForwardI
                                at::Tensor* logits, Compressor& compressor, std::span<const double> ratios,
                                std::span<SequenceKv* const> caches);
 
+// An offline compressor's kept set for one request's full cache at kept fraction `ratio`:
+// compress(), then check_compressed_kv(). The cache is left as it was (no compaction); the
+// compressor's per-request state is kept (call release() when done with the request).
+Status compute_kept(const LlamaModel& model, PagePool& pool, Compressor& compressor, double ratio,
+                    std::span<const int32_t> prompt, int64_t request_id, SequenceKv& kv, CompressedKV* out);
+
 // Offline compression of one request right after its prefill: compress() on the full cache at
 // kept fraction `ratio`, check_compressed_kv(), then compact the kept slots into pages and free
 // the rest. On failure the cache is left full and usable.

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "engine/compressed_kv_check.h"
-#include "engine/model_access.h"
+#include "engine/compression.h"
 #include "util/check.h"
 
 namespace vericache {
@@ -378,10 +378,7 @@ Status DraftVerifyEngine::build_compressed(Request& r) {
     for (auto& k : kept) k = all;
   } else if (c->mode() == CompressionMode::kOffline) {
     CompressedKV out;
-    LlamaModelAccess access(model_, host_pool_, r.full, r.req.prompt, r.id);
-    const KvCacheView view = r.full.view(host_pool_);
-    Status s = c->compress(view, options_.ratio, access, &out);
-    if (s.ok()) s = check_compressed_kv(c->name(), out, view.layout, view.lengths);
+    const Status s = compute_kept(model_, host_pool_, *c, options_.ratio, r.req.prompt, r.id, r.full, &out);
     c->release(r.id);  // what it recorded for the prompt is spent
     VC_RETURN_IF_ERROR(s);
     kept = std::move(out.kept);

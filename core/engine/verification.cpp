@@ -1,6 +1,7 @@
 #include "engine/verification.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "util/check.h"
 
@@ -9,6 +10,21 @@ namespace vericache {
 const char* draft_sampling_name(DraftSampling mode) { return mode == DraftSampling::kArgmax ? "argmax" : "sampled"; }
 
 std::vector<float> dense_distribution(const float* logits, int64_t vocab, const SamplingParams& params) {
+  VC_CHECK(!params.greedy(), "dense_distribution needs a positive temperature");
+  if ((params.top_k <= 0 || params.top_k >= vocab) && params.top_p >= 1.0) {
+    // Nothing is cut: a plain softmax at the temperature, without make_distribution's sort of the
+    // whole vocabulary (this runs for every row of every verify window).
+    const float max_logit = *std::max_element(logits, logits + vocab);
+    std::vector<double> e(vocab);
+    double total = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      e[i] = std::exp((static_cast<double>(logits[i]) - max_logit) / params.temperature);
+      total += e[i];
+    }
+    std::vector<float> dense(vocab);
+    for (int64_t i = 0; i < vocab; ++i) dense[i] = static_cast<float>(e[i] / total);
+    return dense;
+  }
   const SamplingDistribution sparse = make_distribution(logits, vocab, params);
   std::vector<float> dense(vocab, 0.0f);
   for (size_t i = 0; i < sparse.ids.size(); ++i) dense[sparse.ids[i]] = static_cast<float>(sparse.probs[i]);
