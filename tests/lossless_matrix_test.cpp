@@ -2,9 +2,13 @@
 // every bundled plugin x c in {0.1, 0.25, 0.5} x x in {1, 4, 16, 32} x batches of 1 and 8 requests;
 // greedy output must equal full-KV decoding (Generator) for every request of every case.
 // Hours on 2 cores, so not part of `ctest -L cpu`: run it with `ctest --test-dir build -L matrix`
-// or build/tests/lossless_matrix_tests. Environment:
-//   VERICACHE_MATRIX_PROMPTS  how many prompts (default 50; fewer for a quick look)
-//   VERICACHE_MATRIX_OUT      write a markdown table of the cases there (results/...)
+// or build/tests/lossless_matrix_tests, whole or in shards of prompts. Environment:
+//   VERICACHE_MATRIX_FROM     first prompt (default 0; a multiple of 8, so groups stay the same)
+//   VERICACHE_MATRIX_PROMPTS  how many prompts from there (default: all the rest)
+//   VERICACHE_MATRIX_OUT      a markdown table (results/....md). Each finished group of 8 prompts is
+//                             also recorded in the JSON file beside it (same name, .json), replacing
+//                             an earlier record of the same prompts; the table sums every recorded
+//                             group, so shards run at different times add up to the whole matrix.
 // To keep it affordable the offline plugins share work: each group of 8 prompts is prefilled once
 // with every offline plugin observing, each plugin compresses once per ratio, and every (x, batch)
 // case starts its requests from copies of that prefill (DraftVerifyEngine::add_prefilled). KVzap,
@@ -14,10 +18,14 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "compression_support.h"
@@ -84,27 +92,146 @@ void run_case(const LlamaModel& m, const EngineOptions& options, const std::vect
   out->drafted += engine.totals().draft_tokens;
 }
 
+// results[plugin][ratio][x][batch]
+using Results = std::map<std::string, std::map<double, std::map<int64_t, std::map<int, CaseResult>>>>;
+
+std::string json_path_for(const std::string& md) {
+  const size_t dot = md.rfind('.');
+  return (dot == std::string::npos ? md : md.substr(0, dot)) + ".json";
+}
+
+nlohmann::json read_record(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return nlohmann::json{{"groups", nlohmann::json::array()}};
+  return nlohmann::json::parse(in);
+}
+
+std::string source_commit() {
+  std::string out;
+  if (FILE* f = popen(("git -C '" + testing::source_path("") + "' rev-parse --short HEAD 2>/dev/null").c_str(), "r")) {
+    char buf[64];
+    while (std::fgets(buf, sizeof(buf), f)) out += buf;
+    pclose(f);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out.empty() ? "unknown" : out;
+}
+
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  char buf[16];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d", std::gmtime(&now));
+  return buf;
+}
+
+// Replaces the record of prompts [g0, g1) in the JSON file at `path` (written beside, then renamed).
+void record_group(const std::string& path, size_t g0, size_t g1, double seconds, const Results& results) {
+  nlohmann::json record = read_record(path);
+  nlohmann::json cases = nlohmann::json::array();
+  for (const auto& [name, by_ratio] : results)
+    for (const auto& [ratio, by_x] : by_ratio)
+      for (const auto& [x, by_batch] : by_x)
+        for (const auto& [batch, r] : by_batch)
+          cases.push_back({{"compressor", name}, {"ratio", ratio}, {"draft_length", x}, {"batch", batch},
+                           {"requests", r.requests}, {"mismatched", r.mismatched}, {"drafts", r.drafts},
+                           {"accepted", r.accepted}, {"drafted", r.drafted}});
+  nlohmann::json groups = nlohmann::json::array();
+  for (const nlohmann::json& g : record.at("groups"))
+    if (g.at("first") != g0) groups.push_back(g);
+  groups.push_back({{"first", g0}, {"end", g1}, {"commit", source_commit()}, {"date", today()},
+                    {"seconds", std::round(seconds)}, {"cases", cases}});
+  std::sort(groups.begin(), groups.end(),
+            [](const nlohmann::json& a, const nlohmann::json& b) { return a.at("first") < b.at("first"); });
+  record["groups"] = groups;
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << record.dump(1) << "\n";
+  ASSERT_EQ(std::rename(tmp.c_str(), path.c_str()), 0) << path;
+}
+
+// The table over every recorded group: counts summed per case.
+std::string matrix_markdown(const nlohmann::json& record, const std::string& md_path, size_t total_prompts) {
+  Results sum;
+  size_t prompts = 0;
+  double seconds = 0;
+  std::string groups_text;
+  int64_t requests = 0, mismatched = 0;
+  for (const nlohmann::json& g : record.at("groups")) {
+    const size_t first = g.at("first"), end = g.at("end");
+    prompts += end - first;
+    seconds += g.at("seconds").get<double>();
+    groups_text += "  - prompts " + std::to_string(first) + "-" + std::to_string(end - 1) + ": commit `" +
+                   g.at("commit").get<std::string>() + "`, " + g.at("date").get<std::string>() + ", " +
+                   std::to_string(static_cast<int64_t>(g.at("seconds").get<double>())) + " s\n";
+    for (const nlohmann::json& c : g.at("cases")) {
+      CaseResult& r = sum[c.at("compressor")][c.at("ratio")][c.at("draft_length")][c.at("batch")];
+      r.requests += c.at("requests").get<int64_t>();
+      r.mismatched += c.at("mismatched").get<int64_t>();
+      r.drafts += c.at("drafts").get<int64_t>();
+      r.accepted += c.at("accepted").get<int64_t>();
+      r.drafted += c.at("drafted").get<int64_t>();
+    }
+  }
+  std::string table =
+      "| compressor | c | x | batch | requests | mismatching requests | mean acceptance length | acceptance rate |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  int64_t cases = 0;
+  for (const auto& [name, by_ratio] : sum)
+    for (const auto& [ratio, by_x] : by_ratio)
+      for (const auto& [x, by_batch] : by_x)
+        for (const auto& [batch, r] : by_batch) {
+          char row[256];
+          std::snprintf(row, sizeof(row), "| %s | %.2f | %lld | %d | %lld | %lld | %.2f | %.3f |\n", name.c_str(),
+                        ratio, static_cast<long long>(x), batch, static_cast<long long>(r.requests),
+                        static_cast<long long>(r.mismatched),
+                        r.drafts ? 1.0 + static_cast<double>(r.accepted) / r.drafts : 0.0,
+                        r.drafted ? static_cast<double>(r.accepted) / r.drafted : 0.0);
+          table += row;
+          ++cases;
+          requests += r.requests;
+          mismatched += r.mismatched;
+        }
+  std::string out = "# The lossless matrix, SmolLM2-135M-Instruct on the CPU\n\n";
+  out += "- command, per group of 8 prompts (FROM = 0, 8, ..., 48; or unset for all at once): "
+         "`VERICACHE_MATRIX_FROM=<FROM> VERICACHE_MATRIX_PROMPTS=8 VERICACHE_MATRIX_OUT=" + md_path +
+         " build/tests/lossless_matrix_tests`\n";
+  out += "- " + std::to_string(prompts) + " of the " + std::to_string(total_prompts) +
+         " prompts of datasets/lossless_prompts recorded, " + std::to_string(kMaxTokens) +
+         " greedy tokens each; every request's tokens and finish reason compared with full-KV decoding "
+         "(Generator); offline plugins start every case from a shared prefill, KVzap prefills itself\n";
+  out += "- batch 8 = a group of 8 different prompts in one engine; batch 1 = each prompt alone; "
+         "x even keeps the verified K/V in KV_comp, x odd the drafted K/V\n";
+  out += "- groups (machine: 2 cores):\n" + groups_text;
+  out += "- total: " + std::to_string(cases) + " cases, " + std::to_string(requests) + " requests, " +
+         std::to_string(mismatched) + " mismatching, " + std::to_string(static_cast<int64_t>(seconds)) + " s\n\n";
+  return out + table;
+}
+
 TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
   const auto data =
       nlohmann::json::parse(testing::read_file(testing::source_path("datasets/lossless_prompts/prompts.json")));
-  size_t n_prompts = data.at("prompts").size();
-  if (const char* env = std::getenv("VERICACHE_MATRIX_PROMPTS"))
-    n_prompts = std::min(n_prompts, static_cast<size_t>(std::atoi(env)));
+  const size_t total_prompts = data.at("prompts").size();
+  size_t first = 0, n_prompts = total_prompts;
+  if (const char* env = std::getenv("VERICACHE_MATRIX_FROM")) first = static_cast<size_t>(std::atoi(env));
+  ASSERT_EQ(first % kGroup, 0u) << "VERICACHE_MATRIX_FROM must be a multiple of " << kGroup;
+  ASSERT_LT(first, total_prompts);
+  if (const char* env = std::getenv("VERICACHE_MATRIX_PROMPTS")) n_prompts = static_cast<size_t>(std::atoi(env));
+  const size_t end = std::min(total_prompts, first + n_prompts);
+  const char* out_md = std::getenv("VERICACHE_MATRIX_OUT");
   const std::vector<std::string> offline = {"snapkv", "expected_attention", "kvzip"};
   std::map<std::string, std::shared_ptr<Compressor>> plugins;
   for (const std::string name : {"snapkv", "expected_attention", "kvzip", "kvzap"}) {
     plugins[name] = testing::bundled_compressor(name, testing::params_for(name), *m);
     ASSERT_NE(plugins[name], nullptr);
   }
-  // results[plugin][ratio][x][batch]
-  std::map<std::string, std::map<double, std::map<int64_t, std::map<int, CaseResult>>>> results;
   const auto start = std::chrono::steady_clock::now();
   const int64_t layers = m->config().n_layers;
 
-  for (size_t g0 = 0; g0 < n_prompts; g0 += kGroup) {
-    const size_t g1 = std::min(n_prompts, g0 + kGroup);
+  for (size_t g0 = first; g0 < end; g0 += kGroup) {
+    const auto group_start = std::chrono::steady_clock::now();
+    const size_t g1 = std::min(end, g0 + kGroup);
+    Results results;
     std::vector<GenerationRequest> requests;
     int64_t slots = 0;
     for (size_t i = g0; i < g1; ++i) {
@@ -180,45 +307,16 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
       }
     }
     for (Prefilled& p : prefilled) p.kv.release(*prefill_pool);
-    std::fprintf(stderr, "[matrix] prompts %zu-%zu of %zu done, %.0f s\n", g0, g1 - 1, n_prompts,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const double group_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - group_start).count();
+    std::fprintf(stderr, "[matrix] prompts %zu-%zu of %zu done, %.0f s (group %.0f s)\n", g0, g1 - 1, total_prompts,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), group_seconds);
+    if (out_md) record_group(json_path_for(out_md), g0, g1, group_seconds, results);
   }
-
-  std::string table =
-      "| compressor | c | x | batch | requests | mismatching requests | mean acceptance length | acceptance rate |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|\n";
-  int64_t cases = 0, mismatched = 0;
-  for (const auto& [name, by_ratio] : results) {
-    for (const auto& [ratio, by_x] : by_ratio) {
-      for (const auto& [x, by_batch] : by_x) {
-        for (const auto& [batch, r] : by_batch) {
-          char row[256];
-          std::snprintf(row, sizeof(row), "| %s | %.2f | %lld | %d | %lld | %lld | %.2f | %.3f |\n", name.c_str(),
-                        ratio, static_cast<long long>(x), batch, static_cast<long long>(r.requests),
-                        static_cast<long long>(r.mismatched),
-                        r.drafts ? 1.0 + static_cast<double>(r.accepted) / r.drafts : 0.0,
-                        r.drafted ? static_cast<double>(r.accepted) / r.drafted : 0.0);
-          table += row;
-          ++cases;
-          mismatched += r.mismatched;
-        }
-      }
-    }
-  }
-  std::printf("%s%lld cases, %zu prompts, %lld mismatching requests, %.0f s\n", table.c_str(),
-              static_cast<long long>(cases), n_prompts, static_cast<long long>(mismatched),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  if (const char* path = std::getenv("VERICACHE_MATRIX_OUT")) {
-    std::ofstream out(path);
-    out << "# The lossless matrix, SmolLM2-135M-Instruct on the CPU\n\n"
-        << "- command: `"
-        << (std::getenv("VERICACHE_MATRIX_PROMPTS") ? "VERICACHE_MATRIX_PROMPTS=" + std::to_string(n_prompts) + " "
-                                                    : "")
-        << "VERICACHE_MATRIX_OUT=" << path << " build/tests/lossless_matrix_tests` (" << n_prompts
-        << " prompts of datasets/lossless_prompts, " << kMaxTokens << " greedy tokens each)\n"
-        << "- every request's tokens and finish reason compared with full-KV decoding (Generator)\n\n"
-        << table << "\n"
-        << cases << " cases, " << mismatched << " mismatching requests\n";
+  if (out_md) {
+    const nlohmann::json record = read_record(json_path_for(out_md));
+    std::ofstream(out_md) << matrix_markdown(record, out_md, total_prompts);
+    std::printf("%s written from %zu recorded groups\n", out_md, record.at("groups").size());
   }
 }
 
