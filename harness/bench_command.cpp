@@ -46,18 +46,19 @@ int run_bench(int argc, char** argv) {
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores")
     ("device", po::value(&device_arg)->default_value("cpu"), "cpu, or cuda[:N] for the GPU forward")
     ("dtype", po::value(&dtype_arg)->default_value("auto"), "float32, bfloat16 or float16; auto: float32 on cpu, bfloat16 on cuda")
-    ("page-size", po::value(&page_size)->default_value(16), "KV cache page size in tokens")
+    ("page-size", po::value(&page_size)->default_value(16), "KV cache page size in tokens (a multiple of 16)")
     ("prefill-chunk", po::value(&prefill_chunk)->default_value(512), "prompt tokens per request per prefill forward")
     ("json", po::bool_switch(&json), "print one JSON object per configuration instead of a table");
   // clang-format on
   po::variables_map vm;
   const std::string example = "Example:\n  vericache bench --contexts 512,2048 --batches 1,8 --decode-tokens 32\n";
-  if (auto done = parse_command_line("bench", desc, example, argc, argv, &vm)) return *done;
+  if (auto done = parse_command_line("bench", desc, example, argc, argv, &vm,
+                                     {{"decode-tokens", 2, 1 << 20}, kThreadsRange, kPageSizeRange, kPrefillChunkRange}))
+    return *done;
   std::vector<int64_t> contexts, batches;
   try {
-    contexts = parse_positive_list(contexts_arg, "contexts");
-    batches = parse_positive_list(batches_arg, "batches");
-    if (decode_tokens < 2) throw po::error("--decode-tokens must be >= 2");
+    contexts = parse_positive_list(contexts_arg, "contexts", kMaxContextLength);
+    batches = parse_positive_list(batches_arg, "batches", 4096);
   } catch (const po::error& e) {
     return report_usage_error("bench", e.what());
   }

@@ -89,24 +89,24 @@ int run_bench_engine(int argc, char** argv) {
     ("draft-lengths", po::value(&drafts_arg)->default_value("8,16,25"), "comma-separated draft lengths x")
     ("decode-tokens", po::value(&decode_tokens)->default_value(64), "tokens generated per request (EOS ignored)")
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores")
-    ("page-size", po::value(&page_size)->default_value(16), "KV page size in tokens")
+    ("page-size", po::value(&page_size)->default_value(16), "KV page size in tokens (a multiple of 16)")
     ("prefill-chunk", po::value(&prefill_chunk)->default_value(512), "prompt tokens per prefill forward")
     ("json", po::bool_switch(&json), "print one JSON object per configuration instead of a table");
   // clang-format on
   po::variables_map vm;
   const std::string example =
       "Example:\n  vericache bench-engine --contexts 2048 --batches 1 --compressors snapkv --draft-lengths 8\n";
-  if (auto done = parse_command_line("bench-engine", desc, example, argc, argv, &vm)) return *done;
+  if (auto done = parse_command_line("bench-engine", desc, example, argc, argv, &vm,
+                                     {{"decode-tokens", 2, 1 << 20}, kRatioRange, kThreadsRange, kPageSizeRange,
+                                      kPrefillChunkRange}))
+    return *done;
   std::vector<int64_t> contexts, batches, drafts;
   std::vector<std::string> compressor_names;
   try {
-    contexts = parse_positive_list(contexts_arg, "contexts");
-    batches = parse_positive_list(batches_arg, "batches");
-    drafts = parse_positive_list(drafts_arg, "draft-lengths");
+    contexts = parse_positive_list(contexts_arg, "contexts", kMaxContextLength);
+    batches = parse_positive_list(batches_arg, "batches", 4096);
+    drafts = parse_positive_list(drafts_arg, "draft-lengths", 256);
     compressor_names = parse_names(compressors_arg);
-    if (decode_tokens < 2) throw po::error("--decode-tokens must be >= 2");
-    if (!(ratio > 0 && ratio <= 1)) throw po::error("--ratio must be in (0, 1]");
-    if (prefill_chunk < 1) throw po::error("--prefill-chunk must be >= 1");
   } catch (const po::error& e) {
     return report_usage_error("bench-engine", e.what());
   }
@@ -127,7 +127,7 @@ int run_bench_engine(int argc, char** argv) {
   std::vector<std::shared_ptr<Compressor>> compressors;
   for (const std::string& name : compressor_names) {
     auto c = load_compressor_for(name, params.count(name) ? params[name] : "{}", {}, m);
-    if (!c.ok()) return report_error(c.status());
+    if (!c.ok()) return report_status("bench-engine", c.status());
     if ((*c)->mode() != CompressionMode::kOffline) {
       return report_usage_error("bench-engine",
                                 name + " is an online compressor; this benchmark compresses once after prefill");

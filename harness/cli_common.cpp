@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <c10/core/Device.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include <thread>
 
 #include "loader/plugin_loader.h"
+#include "util/check.h"
 #include "util/thread_pool.h"
 
 namespace vericache::cli {
@@ -74,10 +77,14 @@ Result<std::string> read_prompt(const std::string& prompt, const std::string& pr
   if (prompt_file == "-") {
     ss << std::cin.rdbuf();
   } else {
+    if (std::filesystem::is_directory(prompt_file)) {
+      return Status::invalid_argument("--prompt-file " + prompt_file + " is a directory, not a file");
+    }
     std::ifstream in(prompt_file, std::ios::binary);
     if (!in) return Status::not_found(prompt_file + ": cannot read the prompt file");
     ss << in.rdbuf();
   }
+  if (ss.str().empty()) return Status::invalid_argument("--prompt-file " + prompt_file + " is empty");
   return ss.str();
 }
 
@@ -103,26 +110,90 @@ void set_threads(int threads) {
   ThreadPool::set_global_threads(threads);
 }
 
+namespace {
+
+std::string format_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.10g", v);
+  return buf;
+}
+
+// The option's value as a number, for the types the subcommands declare.
+std::optional<double> numeric_value(const boost::any& value) {
+  if (const auto* v = boost::any_cast<int>(&value)) return *v;
+  if (const auto* v = boost::any_cast<int64_t>(&value)) return static_cast<double>(*v);
+  if (const auto* v = boost::any_cast<uint64_t>(&value)) return static_cast<double>(*v);
+  if (const auto* v = boost::any_cast<double>(&value)) return *v;
+  return std::nullopt;
+}
+
+std::string check_range(const OptionRange& r, double v) {
+  const bool above_min = r.min_exclusive ? v > r.min : v >= r.min;
+  const bool multiple = r.multiple_of == 0 || std::fmod(v, static_cast<double>(r.multiple_of)) == 0;
+  if (above_min && v <= r.max && multiple) return "";
+  return std::string("--") + r.option + " must be " +
+         (r.multiple_of ? "a multiple of " + std::to_string(r.multiple_of) + " " : std::string()) + "in " +
+         (r.min_exclusive ? "(" : "[") + format_number(r.min) + ", " + format_number(r.max) + "], got " +
+         format_number(v);
+}
+
+// The shared checks of parse_command_line; "" when the command line passes them.
+std::string check_parsed(const boost::program_options::parsed_options& parsed,
+                         const boost::program_options::variables_map& vm, const std::vector<OptionRange>& ranges) {
+  for (const auto& o : parsed.options) {
+    if (o.position_key >= 0) {
+      return "unexpected argument '" + (o.value.empty() ? std::string() : o.value[0]) +
+             "' (options take one value each; quote values with spaces, e.g. -p \"hello world\")";
+    }
+  }
+  for (const auto& [name, value] : vm) {
+    if (value.defaulted()) continue;
+    const auto* text = boost::any_cast<std::string>(&value.value());
+    const auto* texts = boost::any_cast<std::vector<std::string>>(&value.value());
+    const bool empty = (text != nullptr && text->empty()) ||
+                       (texts != nullptr && std::find(texts->begin(), texts->end(), "") != texts->end());
+    if (empty) return "--" + name + " must not be empty";
+  }
+  for (const OptionRange& r : ranges) {
+    if (!vm.count(r.option)) continue;
+    const std::optional<double> v = numeric_value(vm[r.option].value());
+    VC_CHECK(v.has_value(), "an OptionRange names an option that is not numeric");
+    if (std::string error = check_range(r, *v); !error.empty()) return error;
+  }
+  return "";
+}
+
+}  // namespace
+
 std::optional<int> parse_command_line(const std::string& command, const boost::program_options::options_description& desc,
                                       const std::string& examples, int argc, char** argv,
-                                      boost::program_options::variables_map* vm) {
+                                      boost::program_options::variables_map* vm, const std::vector<OptionRange>& ranges) {
   namespace po = boost::program_options;
+  std::string error;
   try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), *vm);
+    const po::parsed_options parsed = po::command_line_parser(argc, argv).options(desc).run();
+    po::store(parsed, *vm);
     po::notify(*vm);
+    if (vm->count("help")) {
+      std::cout << desc << (examples.empty() ? "" : "\n" + examples);
+      return kExitOk;
+    }
+    error = check_parsed(parsed, *vm, ranges);
   } catch (const po::error& e) {
-    return report_usage_error(command, e.what());
+    error = e.what();
   }
-  if (vm->count("help")) {
-    std::cout << desc << (examples.empty() ? "" : "\n" + examples);
-    return kExitOk;
-  }
+  if (!error.empty()) return report_usage_error(command, error);
   return std::nullopt;
 }
 
 int report_error(const Status& status) {
   std::fprintf(stderr, "vericache: error: %s\n", status.message().c_str());
   return kExitFailure;
+}
+
+int report_status(const std::string& command, const Status& status) {
+  return status.code() == StatusCode::kInvalidArgument ? report_usage_error(command, status.message())
+                                                       : report_error(status);
 }
 
 int report_usage_error(const std::string& command, const std::string& message) {
@@ -137,12 +208,13 @@ Result<std::shared_ptr<Compressor>> load_compressor_for(const std::string& name_
   for (const std::string& d : default_plugin_dirs()) extra_dirs.push_back(d);
   VC_ASSIGN_OR_RETURN(PluginInfo plugin, resolve_plugin(name_or_path, extra_dirs));
   VC_ASSIGN_OR_RETURN(std::shared_ptr<Compressor> compressor, load_compressor(plugin.path, json_params));
-  VC_RETURN_IF_ERROR(compressor->attach(model.shape()));
+  // The plugin refusing this model (or its own files) is a failed run, not a bad command line.
+  if (Status s = compressor->attach(model.shape()); !s.ok()) return Status::plugin_error(s.message());
   if (path != nullptr) *path = plugin.path;
   return compressor;
 }
 
-std::vector<int64_t> parse_positive_list(const std::string& text, const char* option) {
+std::vector<int64_t> parse_positive_list(const std::string& text, const char* option, int64_t max) {
   std::vector<int64_t> out;
   std::stringstream ss(text);
   std::string item;
@@ -154,6 +226,10 @@ std::vector<int64_t> parse_positive_list(const std::string& text, const char* op
       out.push_back(v);
     } catch (const std::exception&) {
       throw boost::program_options::error(std::string("--") + option + ": '" + item + "' is not a positive integer");
+    }
+    if (out.back() > max) {
+      throw boost::program_options::error(std::string("--") + option + ": " + item + " is larger than " +
+                                          std::to_string(max));
     }
   }
   if (out.empty()) throw boost::program_options::error(std::string("--") + option + " needs at least one value");

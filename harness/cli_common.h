@@ -38,7 +38,8 @@ Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, con
 Result<LoadOptions> parse_load_options(const std::string& device, const std::string& dtype);
 
 // The prompt from --prompt TEXT or --prompt-file PATH ('-' for standard input): InvalidArgument
-// when neither or both are given, NotFound when the file cannot be read.
+// when neither or both are given, the path is a directory or the file is empty; NotFound when the
+// file cannot be read.
 Result<std::string> read_prompt(const std::string& prompt, const std::string& prompt_file);
 
 // Token ids of `text`, wrapped as a user message in the model's chat template (with `system` as
@@ -50,20 +51,43 @@ Result<std::vector<int32_t>> prompt_tokens(const LlamaModel& model, const std::s
 // hardware thread.
 void set_threads(int threads);
 
-// Parses a subcommand's command line into `vm`. Returns the exit code to stop with: kExitUsage
-// after printing a bad option's error, kExitOk after printing --help (`desc`, then `examples`);
-// std::nullopt when the command should run.
+// The values a numeric option accepts. Every subcommand hands its table to parse_command_line, so
+// all of them refuse NaN, infinities, negative, zero and absurdly large values the same way.
+struct OptionRange {
+  const char* option;  // without the leading "--"
+  double min = 0;
+  double max = 0;
+  bool min_exclusive = false;
+  int64_t multiple_of = 0;  // 0: any value in range
+};
+// Ranges shared by several subcommands.
+inline constexpr OptionRange kThreadsRange{"threads", 0, 1024};
+inline constexpr OptionRange kPageSizeRange{"page-size", 16, 4096, false, 16};
+inline constexpr OptionRange kPrefillChunkRange{"prefill-chunk", 1, 1 << 20};
+inline constexpr OptionRange kRatioRange{"ratio", 0, 1, true};
+
+// Parses a subcommand's command line into `vm` and applies the checks every subcommand shares:
+// no positional arguments (an unquoted prompt "-p hello world" would lose "world"), no empty
+// string values (--model "", --stop ""), and every option of `ranges` that was given or defaulted
+// inside its range. Returns the exit code to stop with: kExitUsage after printing the one-line
+// error, kExitOk after printing --help (`desc`, then `examples`); std::nullopt when the command
+// should run.
 std::optional<int> parse_command_line(const std::string& command, const boost::program_options::options_description& desc,
                                       const std::string& examples, int argc, char** argv,
-                                      boost::program_options::variables_map* vm);
+                                      boost::program_options::variables_map* vm,
+                                      const std::vector<OptionRange>& ranges = {});
 
-// A comma-separated list of positive integers ("512,2048") for option --`option`; throws
+// A comma-separated list of integers in [1, max] ("512,2048") for option --`option`; throws
 // boost::program_options::error naming the bad item (callers report it as a usage error).
-std::vector<int64_t> parse_positive_list(const std::string& text, const char* option);
+std::vector<int64_t> parse_positive_list(const std::string& text, const char* option, int64_t max);
 
 // Prints "vericache: error: <message>" to stderr and returns kExitFailure.
 int report_error(const Status& status);
+// Prints "vericache <command>: <message>" and a pointer to --help; returns kExitUsage.
 int report_usage_error(const std::string& command, const std::string& message);
+// A failure caused by what the user typed (InvalidArgument: bad --params, an unreadable prompt
+// option) as a usage error, anything else as report_error.
+int report_status(const std::string& command, const Status& status);
 
 // Finds a compressor by name or path (also in `extra_dirs`), creates it with `json_params` and
 // attaches it to `model`. `path` receives the library's path.

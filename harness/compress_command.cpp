@@ -40,11 +40,10 @@ int run_compress(int argc, char** argv) {
   po::variables_map vm;
   const std::string example =
       "Example:\n  vericache compress --compressor streaming_llm --params '{\"sinks\": 4}' -c 0.25 -f doc.txt\n";
-  if (auto done = parse_command_line("compress", desc, example, argc, argv, &vm)) return *done;
+  if (auto done = parse_command_line("compress", desc, example, argc, argv, &vm, {kRatioRange, kThreadsRange})) return *done;
   if (compressor_arg.empty()) return report_usage_error("compress", "give --compressor NAME or --compressor PATH");
-  if (!(ratio > 0 && ratio <= 1)) return report_usage_error("compress", "--ratio must be in (0, 1]");
   auto text = read_prompt(prompt, prompt_file);
-  if (!text.ok()) return report_usage_error("compress", text.status().message());
+  if (!text.ok()) return report_status("compress", text.status());
   set_threads(threads);
 
   auto model = load_model(model_arg);
@@ -52,7 +51,7 @@ int run_compress(int argc, char** argv) {
   const LlamaModel& m = **model;
   std::string plugin_path;
   auto compressor = load_compressor_for(compressor_arg, params, plugin_dirs, m, &plugin_path);
-  if (!compressor.ok()) return report_error(compressor.status());
+  if (!compressor.ok()) return report_status("compress", compressor.status());
   auto ids = prompt_tokens(m, *text, raw, "");
   if (!ids.ok()) return report_error(ids.status());
   const auto n = static_cast<int64_t>(ids->size());

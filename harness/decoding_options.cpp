@@ -29,17 +29,18 @@ void add_decoding_options(po::options_description& d, DecodingOptions& o) {
   // clang-format on
 }
 
+std::vector<OptionRange> decoding_ranges() {
+  return {{"max-tokens", 0, kMaxContextLength},
+          {"temperature", 0, 100},
+          {"top-k", 0, 1 << 24},
+          {"top-p", 0, 1, true},
+          {"batch", 1, 4096},
+          kThreadsRange,
+          kPageSizeRange,
+          kPrefillChunkRange};
+}
+
 Status check_decoding_options(const DecodingOptions& o) {
-  if (o.max_tokens < 0) return Status::invalid_argument("--max-tokens must be >= 0");
-  if (!(o.temperature >= 0)) return Status::invalid_argument("--temperature must be >= 0");
-  if (o.top_k < 0) return Status::invalid_argument("--top-k must be >= 0");
-  if (!(o.top_p > 0 && o.top_p <= 1)) return Status::invalid_argument("--top-p must be in (0, 1]");
-  if (o.batch < 1 || o.batch > 4096) return Status::invalid_argument("--batch must be in [1, 4096]");
-  if (o.prefill_chunk < 1) return Status::invalid_argument("--prefill-chunk must be >= 1");
-  if (o.threads < 0 || o.threads > 1024) return Status::invalid_argument("--threads must be in [0, 1024]");
-  if (o.page_size < 16 || o.page_size % 16 != 0 || o.page_size > 4096) {
-    return Status::invalid_argument("--page-size must be a multiple of 16 in [16, 4096]");
-  }
   if (!o.system.empty() && o.no_chat_template) {
     return Status::invalid_argument("--system needs the chat template; drop --no-chat-template");
   }

@@ -10,6 +10,7 @@
 
 #include <vericache/status.h>
 
+#include "cli_common.h"
 #include "engine/generator.h"
 
 namespace vericache::cli {
@@ -36,7 +37,9 @@ struct DecodingOptions {
 
 // Adds --help and the shared options, bound to `o`, to `d`.
 void add_decoding_options(boost::program_options::options_description& d, DecodingOptions& o);
-// InvalidArgument naming the first bad value (NaN, negative, zero or absurdly large where it matters).
+// The ranges of the shared numeric options, for parse_command_line.
+std::vector<OptionRange> decoding_ranges();
+// InvalidArgument for options that contradict each other (ranges are checked while parsing).
 Status check_decoding_options(const DecodingOptions& o);
 // --batch requests of `prompt`; request i samples with seed + i.
 std::vector<GenerationRequest> make_requests(const DecodingOptions& o, const std::vector<int32_t>& prompt);

@@ -44,8 +44,8 @@ po::options_description describe(GenerateOptions& o) {
 
 Status check_options(const GenerateOptions& o) {
   VC_RETURN_IF_ERROR(check_decoding_options(o));
-  if (!(o.ratio > 0 && o.ratio <= 1)) return Status::invalid_argument("--ratio must be in (0, 1]");
   if (o.compressor.empty() && o.ratio != 1.0) return Status::invalid_argument("--ratio needs --compressor");
+  if (o.compressor.empty() && o.params != "{}") return Status::invalid_argument("--params needs --compressor");
   return Status();
 }
 
@@ -100,16 +100,14 @@ int run_generate(int argc, char** argv) {
       "Examples:\n"
       "  vericache generate --prompt \"What is the capital of France?\" --max-tokens 64\n"
       "  vericache generate -f prompt.txt --no-chat-template --temperature 0.7 --seed 1 --json\n";
-  if (auto done = parse_command_line("generate", desc, examples, argc, argv, &vm)) return *done;
+  std::vector<OptionRange> ranges = decoding_ranges();
+  ranges.push_back(kRatioRange);
+  if (auto done = parse_command_line("generate", desc, examples, argc, argv, &vm, ranges)) return *done;
   if (Status s = check_options(o); !s.ok()) return report_usage_error("generate", s.message());
   auto load_options = parse_load_options(o.device, o.dtype);
   if (!load_options.ok()) return report_usage_error("generate", load_options.status().message());
   auto prompt_text = read_prompt(o.prompt, o.prompt_file);
-  if (!prompt_text.ok()) {
-    return prompt_text.status().code() == StatusCode::kInvalidArgument
-               ? report_usage_error("generate", prompt_text.status().message())
-               : report_error(prompt_text.status());
-  }
+  if (!prompt_text.ok()) return report_status("generate", prompt_text.status());
   set_threads(o.threads);
 
   auto model = load_model(o.model, *load_options);
@@ -125,7 +123,7 @@ int run_generate(int argc, char** argv) {
   std::shared_ptr<Compressor> compressor;
   if (!o.compressor.empty()) {
     auto loaded = load_compressor_for(o.compressor, o.params, o.plugin_dirs, m);
-    if (!loaded.ok()) return report_error(loaded.status());
+    if (!loaded.ok()) return report_status("generate", loaded.status());
     compressor = std::move(*loaded);
   }
   // Offline compressors may run extra forwards over up to the prompt's length again (KVzip).

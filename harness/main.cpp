@@ -2,6 +2,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "cli_common.h"
@@ -54,6 +56,13 @@ int main(int argc, char** argv) {
     // Expected failures are Status values; this only turns a library's exception into one line.
     try {
       return c.run(argc - 1, argv + 1);
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "vericache: error: out of memory: the run needs more memory than is free (fewer requests, "
+                           "shorter prompts or fewer --max-tokens need less)\n");
+      return vericache::cli::kExitFailure;
+    } catch (const std::length_error&) {
+      std::fprintf(stderr, "vericache: error: a size computed from the inputs is too large to hold in memory\n");
+      return vericache::cli::kExitFailure;
     } catch (const std::exception& e) {
       const std::string what = e.what();
       std::fprintf(stderr, "vericache: error: internal: %s\n", what.substr(0, what.find('\n')).c_str());

@@ -75,21 +75,15 @@ po::options_description describe(RunOptions& o) {
 
 Status check_options(const RunOptions& o) {
   VC_RETURN_IF_ERROR(check_decoding_options(o));
-  if (!(o.ratio > 0 && o.ratio <= 1)) return Status::invalid_argument("--ratio must be in (0, 1]");
-  if (o.draft_length < 1 || o.draft_length > 256) return Status::invalid_argument("--draft-length must be in [1, 256]");
   if (o.draft_kv != "verified" && o.draft_kv != "drafted") {
     return Status::invalid_argument("--draft-kv must be 'verified' or 'drafted', got '" + o.draft_kv + "'");
   }
   if (o.draft_sampling != "sampled" && o.draft_sampling != "argmax") {
     return Status::invalid_argument("--draft-sampling must be 'sampled' or 'argmax', got '" + o.draft_sampling + "'");
   }
-  if (o.resident_pages < 0 || o.host_pages < 0 || o.transient_pages < 0) {
-    return Status::invalid_argument("--resident-pages, --host-pages and --transient-pages must be >= 0");
-  }
   if (o.verify != "in-place" && o.verify != "transfer") {
     return Status::invalid_argument("--verify must be 'in-place' or 'transfer', got '" + o.verify + "'");
   }
-  if (!(o.link_gbps >= 0 && o.link_gbps <= 1e6)) return Status::invalid_argument("--link-gbps must be in [0, 1e6]");
   if (o.verify != "transfer" && (o.link_gbps > 0 || o.transient_pages > 0)) {
     return Status::invalid_argument("--link-gbps and --transient-pages need --verify transfer");
   }
@@ -167,14 +161,17 @@ int run_run(int argc, char** argv) {
       "  vericache run --check --compressor none -p \"hello\"     # draft on a full copy: every draft is accepted\n"
       "  vericache run --check --verify transfer --link-gbps 8 -f doc.txt   # verify from copies over an emulated 8 "
       "GB/s link\n";
-  if (auto done = parse_command_line("run", desc, examples, argc, argv, &vm)) return *done;
+  std::vector<OptionRange> ranges = decoding_ranges();
+  ranges.insert(ranges.end(), {kRatioRange,
+                               {"draft-length", 1, 256},
+                               {"resident-pages", 0, 1LL << 31},
+                               {"host-pages", 0, 1LL << 31},
+                               {"transient-pages", 0, 1LL << 31},
+                               {"link-gbps", 0, 1e6}});
+  if (auto done = parse_command_line("run", desc, examples, argc, argv, &vm, ranges)) return *done;
   if (Status s = check_options(o); !s.ok()) return report_usage_error("run", s.message());
   auto prompt_text = read_prompt(o.prompt, o.prompt_file);
-  if (!prompt_text.ok()) {
-    return prompt_text.status().code() == StatusCode::kInvalidArgument
-               ? report_usage_error("run", prompt_text.status().message())
-               : report_error(prompt_text.status());
-  }
+  if (!prompt_text.ok()) return report_status("run", prompt_text.status());
   set_threads(o.threads);
   auto model = load_model(o.model);
   if (!model.ok()) return report_error(model.status());
@@ -186,7 +183,7 @@ int run_run(int argc, char** argv) {
   std::string compressor_path;
   if (o.compressor != "none") {
     auto loaded = load_compressor_for(o.compressor, o.params, o.plugin_dirs, m, &compressor_path);
-    if (!loaded.ok()) return report_error(loaded.status());
+    if (!loaded.ok()) return report_status("run", loaded.status());
     compressor = std::move(*loaded);
   }
   const std::vector<GenerationRequest> requests = make_requests(o, *prompt_ids);

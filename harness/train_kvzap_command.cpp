@@ -23,6 +23,7 @@
 #include "engine/model_access.h"
 #include "kvzap/kvzap_weights.h"
 #include "kvzip/kvzip_scorer.h"
+#include "util/output_file.h"
 
 namespace po = boost::program_options;
 
@@ -85,11 +86,13 @@ int run_train_kvzap(int argc, char** argv) {
   const std::string example =
       "Example:\n  vericache train-kvzap --out kvzap.json\n"
       "  vericache generate --compressor kvzap --params '{\"weights\": \"kvzap.json\"}' -c 0.25 -f doc.txt\n";
-  if (auto done = parse_command_line("train-kvzap", desc, example, argc, argv, &vm)) return *done;
+  if (auto done = parse_command_line("train-kvzap", desc, example, argc, argv, &vm,
+                                     {{"passages", 2, 1 << 20}, {"passage-tokens", 16, 1 << 20}, {"ridge", 0, 1e9, true},
+                                      kThreadsRange}))
+    return *done;
   if (out_path.empty()) return report_usage_error("train-kvzap", "give --out FILE for the weights");
-  if (passages < 2) return report_usage_error("train-kvzap", "--passages must be >= 2 (one is held out)");
-  if (passage_tokens < 16) return report_usage_error("train-kvzap", "--passage-tokens must be >= 16");
-  if (!(lambda > 0)) return report_usage_error("train-kvzap", "--ridge must be > 0");
+  // Checked now, not after minutes of training.
+  if (Status s = check_output_path(out_path); !s.ok()) return report_usage_error("train-kvzap", "--out " + s.message());
   set_threads(threads);
 
   auto model = load_model(model_arg);
@@ -184,9 +187,9 @@ int run_train_kvzap(int argc, char** argv) {
                                 {"ridge", lambda},
                                 {"held_out_r2_per_layer", r2},
                                 {"held_out_r2_mean", mean_r2}};
-  std::ofstream out(out_path);
-  out << kvzap::to_json(weights, shape, training).dump() << "\n";
-  if (!out) return report_error(Status::io_error(out_path + ": cannot write the weights"));
+  if (Status s = write_file_atomically(out_path, kvzap::to_json(weights, shape, training).dump() + "\n"); !s.ok()) {
+    return report_error(s.with_context("writing the weights"));
+  }
   std::printf("kvzap surrogate for '%s' (fingerprint %s): %lld fit rows per layer, held-out R^2 mean %.3f (min %.3f, max %.3f) -> %s\n",
               shape.name.c_str(), shape.fingerprint.c_str(), static_cast<long long>(fit[0].rows), mean_r2,
               *std::min_element(r2.begin(), r2.end()), *std::max_element(r2.begin(), r2.end()), out_path.c_str());

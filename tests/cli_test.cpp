@@ -3,38 +3,17 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
 #include <fstream>
 #include <map>
 
+#include "cli_runner.h"
 #include "test_support.h"
 
 namespace vericache {
 namespace {
 
-struct CliRun {
-  int exit_code;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
-CliRun run_vericache(const std::string& args) {
-  const std::string err_path = testing::temp_dir() + "/stderr.txt";
-  const std::string cmd = std::string(VC_BINARY) + " " + args + " 2>" + err_path;
-  CliRun r{-1, "", ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = testing::read_file(err_path);
-  return r;
-}
+using testing::CliRun;
+using testing::run_vericache;
 
 TEST(Cli, GenerateJsonMatchesTheReferenceGreedyContinuation) {
   const auto fixture =
@@ -69,7 +48,7 @@ TEST(Cli, MissingModelAndBadOptionsAreUsageOrRunErrors) {
   EXPECT_EQ(r.err, "vericache: error: /nonexistent/model.gguf: no such file\n");
   r = run_vericache("generate --prompt hi --top-p 0");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err.rfind("vericache generate: --top-p must be in (0, 1]\n", 0), 0u) << r.err;
+  EXPECT_EQ(r.err.rfind("vericache generate: --top-p must be in (0, 1], got 0\n", 0), 0u) << r.err;
   r = run_vericache("generate --no-such-flag");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("unrecognised option '--no-such-flag'"), std::string::npos) << r.err;
@@ -112,8 +91,9 @@ TEST(Cli, CompressRunsAPluginByPath) {
   const int64_t n = out["prompt_tokens"];
   for (const auto& k : out["kept_per_layer"]) EXPECT_EQ(k.get<int64_t>(), n / 2);
   const CliRun bad = run_vericache("compress --compressor " + plugin + " --params '{\"sinks\": -1}' -p hi");
-  EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_EQ(bad.err, "vericache: error: plugins: streaming_llm: bad parameters: 'sinks' must be a non-negative integer, got -1\n");
+  EXPECT_EQ(bad.exit_code, 2);  // bad --params are a bad command line
+  EXPECT_EQ(bad.err.rfind("vericache compress: plugins: streaming_llm: bad parameters: 'sinks' must be a non-negative "
+                          "integer, got -1\n", 0), 0u) << bad.err;
   const CliRun missing = run_vericache("compress --compressor no_such_compressor -p hi");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_EQ(missing.err.rfind("vericache: error: plugins: no compressor named 'no_such_compressor'", 0), 0u) << missing.err;
@@ -136,10 +116,11 @@ TEST(Cli, CompressorErrorsSayWhatToDo) {
             0u)
       << wrong_model.err;
   const CliRun even_kernel = run_vericache("compress --compressor snapkv --params '{\"kernel_size\": 4}' -p hi");
-  EXPECT_EQ(even_kernel.err,
-            "vericache: error: plugins: snapkv: bad parameters: 'kernel_size' must be odd (the pooling keeps the length), got 4\n");
+  EXPECT_EQ(even_kernel.exit_code, 2);
+  EXPECT_EQ(even_kernel.err.rfind("vericache compress: plugins: snapkv: bad parameters: 'kernel_size' must be odd (the "
+                                  "pooling keeps the length), got 4\n", 0), 0u) << even_kernel.err;
   const CliRun unknown = run_vericache("compress --compressor kvzip --params '{\"chunk\": 4}' -p hi");
-  EXPECT_EQ(unknown.err.rfind("vericache: error: plugins: kvzip: bad parameters: unknown parameter 'chunk' (known: ", 0), 0u)
+  EXPECT_EQ(unknown.err.rfind("vericache compress: plugins: kvzip: bad parameters: unknown parameter 'chunk' (known: ", 0), 0u)
       << unknown.err;
   const CliRun short_prompt = run_vericache("compress --compressor snapkv -p hi");
   EXPECT_EQ(short_prompt.exit_code, 1);
@@ -204,8 +185,8 @@ TEST(Cli, RunCheckIsLosslessAndReportsAcceptance) {
 
 TEST(Cli, RunRejectsBadOptionsWithOneLine) {
   const std::map<std::string, std::string> cases = {
-      {"run -p hi --draft-length 0", "vericache run: --draft-length must be in [1, 256]\n"},
-      {"run -p hi --ratio 0", "vericache run: --ratio must be in (0, 1]\n"},
+      {"run -p hi --draft-length 0", "vericache run: --draft-length must be in [1, 256], got 0\n"},
+      {"run -p hi --ratio 0", "vericache run: --ratio must be in (0, 1], got 0\n"},
       {"run -p hi --draft-kv both", "vericache run: --draft-kv must be 'verified' or 'drafted', got 'both'\n"},
       {"run -p hi --draft-sampling top", "vericache run: --draft-sampling must be 'sampled' or 'argmax', got 'top'\n"},
       {"run -p hi --verify remote", "vericache run: --verify must be 'in-place' or 'transfer', got 'remote'\n"},
@@ -215,10 +196,10 @@ TEST(Cli, RunRejectsBadOptionsWithOneLine) {
        "VeriCache matches the full-KV distribution, not its tokens\n"},
       {"run", "vericache run: no prompt: give --prompt TEXT or --prompt-file PATH\n"},
       // Shared with generate (one declaration and check of the decoding options).
-      {"run -p hi --page-size 0", "vericache run: --page-size must be a multiple of 16 in [16, 4096]\n"},
-      {"generate -p hi --page-size 0", "vericache generate: --page-size must be a multiple of 16 in [16, 4096]\n"},
-      {"generate -p hi --threads -1", "vericache generate: --threads must be in [0, 1024]\n"},
-      {"run -p hi -t nan", "vericache run: --temperature must be >= 0\n"},
+      {"run -p hi --page-size 0", "vericache run: --page-size must be a multiple of 16 in [16, 4096], got 0\n"},
+      {"generate -p hi --page-size 0", "vericache generate: --page-size must be a multiple of 16 in [16, 4096], got 0\n"},
+      {"generate -p hi --threads -1", "vericache generate: --threads must be in [0, 1024], got -1\n"},
+      {"run -p hi -t nan", "vericache run: --temperature must be in [0, 100], got nan\n"},
   };
   for (const auto& [args, message] : cases) {
     const CliRun r = run_vericache(args);

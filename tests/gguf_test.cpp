@@ -3,10 +3,14 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <cstring>
-#include <set>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <set>
+#include <tuple>
 
 #include "model/ggml_dequant.h"
 #include "model/gguf_file.h"
@@ -209,6 +213,45 @@ TEST(GgufErrors, UnsupportedArchitecture) {
   ASSERT_TRUE(file.ok()) << file.status().message();
   EXPECT_EQ(LlamaConfig::from_gguf(*file).status().message(),
             file->path() + ": architecture 'gemma3' is not supported (llama is)");
+}
+
+// Every metadata value the model uses is range-checked before anything is sized by it, with one
+// line naming the key and the range; strings from the file are printed escaped.
+TEST(ModelMetadata, OutOfRangeValuesAreRefusedWithTheKeyAndRange) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"llama.context_length", testing::bytes_of<uint32_t>(4'000'000'000u),
+       "metadata 'llama.context_length' = 4000000000 is out of range [1, 262144]"},
+      {"llama.context_length", testing::bytes_of<uint32_t>(0), "metadata 'llama.context_length' = 0 is out of range [1, 262144]"},
+      {"llama.attention.layer_norm_rms_epsilon", testing::bytes_of<float>(nan),
+       "metadata 'llama.attention.layer_norm_rms_epsilon' = nan is out of range [1e-12, 0.1]"},
+      {"llama.rope.freq_base", testing::bytes_of<float>(0.0f), "metadata 'llama.rope.freq_base' = 0 is out of range [1, 1000000000]"},
+      {"llama.attention.head_count_kv", testing::bytes_of<uint32_t>(27),
+       "metadata 'llama.attention.head_count_kv' = 27 is out of range [1, 9]"},
+      {"llama.embedding_length", testing::bytes_of<uint32_t>(1u << 30),
+       "metadata 'llama.embedding_length' = 1073741824 is out of range [1, 65536]"},
+      {"llama.block_count", testing::bytes_of<uint32_t>(29),
+       "metadata 'llama.block_count' = 29 but the file has attention weights for 30 layers (blk.N.attn_q.weight)"},
+      {"llama.block_count", testing::bytes_of<uint32_t>(31),
+       "metadata 'llama.block_count' = 31 but the file has attention weights for 30 layers (blk.N.attn_q.weight)"},
+      {"llama.rope.dimension_count", testing::bytes_of<uint32_t>(96),
+       "rope.dimension_count 96 differs from head_dim 64; only RoPE over the whole head is supported"},
+      {"general.architecture", std::string("ll\x01'a", 5), "architecture 'll\\x01\\x27a' is not supported (llama is)"},
+  };
+  for (const auto& [key, value, message] : cases) {
+    const std::string path = testing::patched_default_model(key, value, "patched.gguf");
+    auto file = GgufFile::open(path);
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    EXPECT_EQ(LlamaConfig::from_gguf(*file).status().message(), path + ": " + message) << key;
+    std::filesystem::remove(path);
+  }
+}
+
+TEST(ModelMetadata, AFifoIsRefusedBeforeOpeningIt) {
+  const std::string path = testing::temp_dir() + "/model.gguf";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  EXPECT_EQ(GgufFile::open(path).status().message(),
+            path + ": not a regular file (a FIFO, socket or device), expected a file");
 }
 
 TEST(GgufErrors, DequantizeRejectsPartialBlocks) {

@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include <sys/stat.h>
+
+#include <filesystem>
 #include <fstream>
 
 #include "engine/model_access.h"
@@ -33,7 +36,65 @@ TEST(PluginErrors, NotASharedLibrary) {
   std::ofstream out(path);
   for (int i = 0; i < 8; ++i) out << "this is a text file, not a shared library\n";  // longer than an ELF header
   out.close();
-  EXPECT_EQ(load_error(path), "plugins: failed to load " + path + ": " + path + ": invalid ELF header");
+  EXPECT_EQ(load_error(path), "plugins: failed to load " + path + ": not a shared library (no ELF magic)");
+}
+
+// A truncated library used to die with SIGBUS inside dlopen. Every cut of a real plugin, from an
+// empty file to one byte short, is refused with one line before dlopen sees it.
+TEST(PluginErrors, EveryTruncationIsRefusedBeforeDlopen) {
+  const std::string whole = testing::read_file(fixture("streaming_llm"));
+  ASSERT_GT(whole.size(), 20'000u);
+  std::vector<size_t> cuts = {0, 1, 63, 64, 20'000, whole.size() - 1};
+  for (int i = 1; i < 40; ++i) cuts.push_back(whole.size() * i / 40);
+  for (size_t cut : cuts) {
+    const std::string path = testing::temp_dir() + "/vc_plugin_cut.so";
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << whole.substr(0, cut);
+    const std::string message = load_error(path);
+    const std::string prefix = "plugins: failed to load " + path + ": ";
+    EXPECT_EQ(message.rfind(prefix, 0), 0u) << cut << ": " << message;
+    const std::string why = message.substr(std::min(prefix.size(), message.size()));
+    const bool short_header = why == "not a shared library: " + std::to_string(cut) + " bytes, shorter than an ELF header";
+    const bool truncated = why.rfind("truncated or corrupt: ", 0) == 0 &&
+                           why.find("but the file has " + std::to_string(cut) + " bytes") != std::string::npos;
+    EXPECT_TRUE(short_header || truncated) << cut << ": " << why;
+  }
+}
+
+TEST(PluginErrors, WrongKindsOfFilesAreRefused) {
+  const std::string dir = testing::temp_dir();
+  const std::string fifo = dir + "/vc_plugin_fifo.so";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(load_error(fifo), "plugins: failed to load " + fifo + ": not a regular file (a FIFO, socket or device)");
+  std::string other_cpu = testing::read_file(fixture("streaming_llm"));
+  other_cpu[18] = 0xB7;  // e_machine: aarch64
+  other_cpu[19] = 0;
+  const std::string foreign = dir + "/vc_plugin_foreign.so";
+  std::ofstream(foreign, std::ios::binary) << other_cpu;
+  EXPECT_EQ(load_error(foreign),
+            "plugins: failed to load " + foreign + ": a shared library for another CPU (e_machine 183, this machine is x86-64)");
+}
+
+// One bad file in a plugin folder never hides the others.
+TEST(PluginSearch, BadFilesInAFolderAreRefusedAndTheRestLoad) {
+  const std::string dir = testing::temp_dir();
+  const std::string whole = testing::read_file(fixture("streaming_llm"));
+  std::ofstream(dir + "/vc_plugin_a_truncated.so", std::ios::binary) << whole.substr(0, 20'000);
+  std::ofstream(dir + "/vc_plugin_b_empty.so", std::ios::binary);
+  ASSERT_EQ(::mkfifo((dir + "/vc_plugin_c_fifo.so").c_str(), 0600), 0);
+  std::filesystem::create_directory(dir + "/vc_plugin_d_folder.so");
+  std::filesystem::copy_file(fixture("streaming_llm"), dir + "/vc_plugin_streaming_llm.so");
+  const PluginSearch search = find_plugins({dir});
+  ASSERT_EQ(search.found.size(), 1u);
+  EXPECT_EQ(search.found[0].name, "streaming_llm");
+  ASSERT_EQ(search.rejected.size(), 4u);
+  EXPECT_EQ(search.rejected[0].message().rfind("plugins: failed to load " + dir + "/vc_plugin_a_truncated.so: truncated or corrupt: ", 0), 0u)
+      << search.rejected[0].message();
+  EXPECT_EQ(search.rejected[1].message(), "plugins: failed to load " + dir +
+                                              "/vc_plugin_b_empty.so: not a shared library: 0 bytes, shorter than an ELF header");
+  EXPECT_EQ(search.rejected[2].message(),
+            "plugins: failed to load " + dir + "/vc_plugin_c_fifo.so: not a regular file (a FIFO, socket or device)");
+  EXPECT_EQ(search.rejected[3].message(), "plugins: failed to load " + dir + "/vc_plugin_d_folder.so: is a directory");
+  EXPECT_TRUE(resolve_plugin("streaming_llm", {dir}).ok());
 }
 
 TEST(PluginErrors, MissingDescriptor) {

@@ -45,6 +45,25 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+std::string patched_default_model(const std::string& key, const std::string& value, const std::string& file_name) {
+  static const std::string model = read_file(default_model_path());
+  // A GGUF metadata entry: uint64 key length, key bytes, uint32 value type, value.
+  const std::string needle = bytes_of<uint64_t>(key.size()) + key;
+  const size_t at = model.find(needle);
+  if (at == std::string::npos) {
+    ADD_FAILURE() << "metadata key " << key << " not found in the default model";
+    return "";
+  }
+  std::string bytes = model;
+  const size_t value_at = at + needle.size() + sizeof(uint32_t);
+  // A string value has its own uint64 length first; the replacement keeps it.
+  const uint32_t type = *reinterpret_cast<const uint32_t*>(bytes.data() + at + needle.size());
+  bytes.replace(value_at + (type == 8 ? sizeof(uint64_t) : 0), value.size(), value);
+  const std::string path = temp_dir() + "/" + file_name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
 std::string temp_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::filesystem::path dir = std::filesystem::temp_directory_path() / "vericache_tests" /

@@ -21,6 +21,17 @@ const LlamaModel* default_model();
 std::vector<int32_t> prompt_ids(const LlamaModel& model, const std::string& text, bool chat);
 // Reads a whole file; fails the test when it cannot.
 std::string read_file(const std::string& path);
+// A copy of the default model in temp_dir() whose metadata value for `key` has its bytes replaced
+// by `value` (same size as the stored value: a uint32 for counts, a float32 for floats, a string of
+// the same length). Returns the copy's path; fails the test when the key is not found.
+std::string patched_default_model(const std::string& key, const std::string& value, const std::string& file_name);
+
+// The bytes of a little-endian value, for patched_default_model.
+template <typename T>
+std::string bytes_of(T v) {
+  return std::string(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
 // A directory for the calling test under the system temp dir, emptied on the test's first call.
 std::string temp_dir();
 

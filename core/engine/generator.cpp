@@ -144,7 +144,9 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
     Status status = run_forward(batch, /*observe=*/true);
     for (size_t j = 0; status.ok() && j < finishing.size(); ++j) {
       const size_t i = finishing[j];
-      accept(i, select_token(logits[j].data_ptr<float>(), vocab, requests[i].sampling, state[i].rng));
+      const int32_t first = select_token(logits[j].data_ptr<float>(), vocab, requests[i].sampling, state[i].rng);
+      // Compressed before the first token is handed out: a compressor that refuses the prompt
+      // fails the run before any text was streamed.
       if (compressor != nullptr && compressor->mode() == CompressionMode::kOffline) {
         const auto start = std::chrono::steady_clock::now();
         status = compress_offline(model_, pool_, *compressor, options_.ratio, requests[i].prompt,
@@ -152,6 +154,7 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
         compressor->release(static_cast<int64_t>(i));  // what it recorded for the prompt is spent
         st.compress_seconds += seconds_since(start);
       }
+      if (status.ok()) accept(i, first);
     }
     if (!status.ok()) {
       release_all();

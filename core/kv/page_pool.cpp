@@ -3,6 +3,8 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include <cstdio>
+
 #include "util/check.h"
 
 #if VC_WITH_CUDA
@@ -36,10 +38,13 @@ Result<PagePool> PagePool::create(const KvPageSpec& spec, const PagePoolOptions&
   try {
     pool.k_pages_ = at::empty({num_pages, spec.n_kv_heads, spec.head_dim, spec.page_size}, options);
     pool.v_pages_ = at::empty({num_pages, spec.n_kv_heads, spec.page_size, spec.head_dim}, options);
-  } catch (const c10::Error& e) {
-    return Status::out_of_pages("cannot allocate " + std::to_string(num_pages) + " KV pages (" +
-                                std::to_string(num_pages * pool.page_bytes()) + " bytes) on " + o.device.str() + ": " +
-                                e.what_without_backtrace());
+  } catch (const c10::Error&) {
+    // ATen's text ("[enforce fail at alloc_cpu.cpp...]") is kept out: the size is what the user can act on.
+    char size[32];
+    std::snprintf(size, sizeof(size), "%.2f GiB", static_cast<double>(num_pages * pool.page_bytes()) / (1 << 30));
+    return Status::out_of_pages("cannot allocate the KV cache: " + std::to_string(num_pages) + " pages of " +
+                                std::to_string(spec.page_size) + " tokens, " + size + " on " + o.device.str() +
+                                " (not enough memory; fewer requests, tokens or pages need less)");
   }
   pool.in_use_.assign(num_pages, false);
   for (int64_t p = num_pages - 1; p >= 0; --p) {

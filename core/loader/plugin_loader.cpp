@@ -11,6 +11,9 @@
 
 #include <vericache/plugin_abi.h>
 
+#include "loader/elf_check.h"
+#include "util/mapped_file.h"
+
 namespace vericache {
 namespace {
 
@@ -23,11 +26,18 @@ Status load_error(const std::string& path, const std::string& why) {
   return Status::plugin_error("plugins: failed to load " + path + ": " + why);
 }
 
-// Opens the library (RTLD_NOW | RTLD_LOCAL), or says why not in dlopen's words.
+// Opens the library (RTLD_NOW | RTLD_LOCAL) once its file passed the structural checks that keep a
+// truncated or foreign file away from dlopen (loader/elf_check.h), or says why not.
 Result<std::shared_ptr<Library>> open_library(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return load_error(path, "no such file");
   if (S_ISDIR(st.st_mode)) return load_error(path, "is a directory");
+  if (!S_ISREG(st.st_mode)) return load_error(path, "not a regular file (a FIFO, socket or device)");
+  {
+    auto image = MappedFile::open(path);
+    if (!image.ok()) return load_error(path, image.status().message());
+    if (Status s = check_elf_image(image->data(), image->size()); !s.ok()) return load_error(path, s.message());
+  }
   auto lib = std::make_shared<Library>();
   boost::dll::fs::error_code ec;
   lib->load(path, ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);

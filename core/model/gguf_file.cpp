@@ -5,6 +5,8 @@
 #include <limits>
 #include <utility>
 
+#include "util/printable.h"
+
 namespace vericache {
 namespace {
 
@@ -73,10 +75,10 @@ class GgufParser {
       std::string key;
       VC_RETURN_IF_ERROR(read_string(&key, "metadata key #" + std::to_string(i)));
       uint32_t type = 0;
-      VC_RETURN_IF_ERROR(read_pod(&type, "type of metadata '" + key + "'"));
+      VC_RETURN_IF_ERROR(read_pod(&type, "type of metadata " + printable(key) + ""));
       GgufValue value;
       VC_RETURN_IF_ERROR(read_value(type, &value, key, 0));
-      if (out->metadata_index_.count(key) != 0) return error("duplicate metadata key '" + key + "'");
+      if (out->metadata_index_.count(key) != 0) return error("duplicate metadata key " + printable(key) + "");
       out->metadata_index_[key] = out->metadata_.size();
       out->metadata_.emplace_back(std::move(key), std::move(value));
     }
@@ -93,7 +95,7 @@ class GgufParser {
       GgufTensorInfo t;
       VC_RETURN_IF_ERROR(read_string(&t.name, "name of tensor #" + std::to_string(i)));
       VC_RETURN_IF_ERROR(read_tensor_info(&t));
-      if (out->tensor_index_.count(t.name) != 0) return error("duplicate tensor '" + t.name + "'");
+      if (out->tensor_index_.count(t.name) != 0) return error("duplicate tensor " + printable(t.name) + "");
       out->tensor_index_[t.name] = out->tensors_.size();
       out->tensors_.push_back(std::move(t));
     }
@@ -106,11 +108,11 @@ class GgufParser {
     const uint64_t data_size = data_start <= size_ ? size_ - data_start : 0;
     for (GgufTensorInfo& t : out->tensors_) {
       if (t.offset % out->alignment_ != 0) {
-        return Status::corruption(path_ + ": tensor '" + t.name + "' offset " + std::to_string(t.offset) +
+        return Status::corruption(path_ + ": tensor " + printable(t.name) + " offset " + std::to_string(t.offset) +
                                   " is not a multiple of the alignment " + std::to_string(out->alignment_));
       }
       if (t.offset > data_size || t.n_bytes > data_size - t.offset) {
-        return Status::corruption(path_ + ": truncated: tensor '" + t.name + "' needs bytes [" +
+        return Status::corruption(path_ + ": truncated: tensor " + printable(t.name) + " needs bytes [" +
                                   std::to_string(data_start + t.offset) + ", " +
                                   std::to_string(data_start + t.offset + t.n_bytes) + ") but the file has " +
                                   std::to_string(size_) + " bytes");
@@ -147,10 +149,10 @@ class GgufParser {
 
   Status read_value(uint32_t type, GgufValue* v, const std::string& key, int depth) {
     if (!is_valid_value_type(type)) {
-      return error("metadata '" + key + "' has unknown value type " + std::to_string(type));
+      return error("metadata " + printable(key) + " has unknown value type " + std::to_string(type));
     }
     v->type = static_cast<GgufValueType>(type);
-    const std::string what = "value of metadata '" + key + "'";
+    const std::string what = "value of metadata " + printable(key) + "";
     switch (v->type) {
       case GgufValueType::kUint8: return read_int<uint8_t, uint64_t>(v, what);
       case GgufValueType::kInt8: return read_int<int8_t, int64_t>(v, what);
@@ -175,7 +177,7 @@ class GgufParser {
       case GgufValueType::kBool: {
         uint8_t b = 0;
         VC_RETURN_IF_ERROR(read_pod(&b, what));
-        if (b > 1) return error("metadata '" + key + "' is a bool with value " + std::to_string(b));
+        if (b > 1) return error("metadata " + printable(key) + " is a bool with value " + std::to_string(b));
         v->data = b != 0;
         return Status();
       }
@@ -186,13 +188,13 @@ class GgufParser {
         return Status();
       }
       case GgufValueType::kArray: {
-        if (depth >= kMaxArrayNesting) return error("metadata '" + key + "' nests arrays too deeply");
+        if (depth >= kMaxArrayNesting) return error("metadata " + printable(key) + " nests arrays too deeply");
         uint32_t element_type = 0;
         uint64_t count = 0;
         VC_RETURN_IF_ERROR(read_pod(&element_type, "element type of " + what));
         VC_RETURN_IF_ERROR(read_pod(&count, "length of " + what));
         if (!is_valid_value_type(element_type)) {
-          return error("metadata '" + key + "' is an array of unknown value type " + std::to_string(element_type));
+          return error("metadata " + printable(key) + " is an array of unknown value type " + std::to_string(element_type));
         }
         // Every element takes at least one byte.
         if (count > size_ - pos_) return truncated(what + " (" + std::to_string(count) + " elements)", count);
@@ -218,37 +220,37 @@ class GgufParser {
 
   Status read_tensor_info(GgufTensorInfo* t) {
     uint32_t n_dims = 0;
-    VC_RETURN_IF_ERROR(read_pod(&n_dims, "rank of tensor '" + t->name + "'"));
+    VC_RETURN_IF_ERROR(read_pod(&n_dims, "rank of tensor " + printable(t->name) + ""));
     if (n_dims == 0 || n_dims > kMaxDims) {
-      return error("tensor '" + t->name + "' has rank " + std::to_string(n_dims) + " (1 to 4 allowed)");
+      return error("tensor " + printable(t->name) + " has rank " + std::to_string(n_dims) + " (1 to 4 allowed)");
     }
     t->n_elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       uint64_t dim = 0;
-      VC_RETURN_IF_ERROR(read_pod(&dim, "shape of tensor '" + t->name + "'"));
+      VC_RETURN_IF_ERROR(read_pod(&dim, "shape of tensor " + printable(t->name) + ""));
       if (dim == 0 || dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max() / t->n_elements)) {
-        return error("tensor '" + t->name + "' has invalid dimension " + std::to_string(dim));
+        return error("tensor " + printable(t->name) + " has invalid dimension " + std::to_string(dim));
       }
       t->dims.push_back(static_cast<int64_t>(dim));
       t->n_elements *= static_cast<int64_t>(dim);
     }
     uint32_t type = 0;
-    VC_RETURN_IF_ERROR(read_pod(&type, "type of tensor '" + t->name + "'"));
+    VC_RETURN_IF_ERROR(read_pod(&type, "type of tensor " + printable(t->name) + ""));
     const GgmlTypeInfo* info = ggml_type_info(type);
     if (info == nullptr) {
-      return Status::not_supported(path_ + ": tensor '" + t->name + "' has unknown ggml type " + std::to_string(type));
+      return Status::not_supported(path_ + ": tensor " + printable(t->name) + " has unknown ggml type " + std::to_string(type));
     }
     t->type = info->type;
     if (t->dims[0] % info->block_elements != 0) {
-      return error("tensor '" + t->name + "' row length " + std::to_string(t->dims[0]) + " is not a multiple of the " +
+      return error("tensor " + printable(t->name) + " row length " + std::to_string(t->dims[0]) + " is not a multiple of the " +
                    info->name + " block size " + std::to_string(info->block_elements));
     }
     const uint64_t blocks = static_cast<uint64_t>(t->n_elements / info->block_elements);
     if (blocks > std::numeric_limits<uint64_t>::max() / info->block_bytes) {
-      return error("tensor '" + t->name + "' is too large");
+      return error("tensor " + printable(t->name) + " is too large");
     }
     t->n_bytes = blocks * info->block_bytes;
-    return read_pod(&t->offset, "offset of tensor '" + t->name + "'");
+    return read_pod(&t->offset, "offset of tensor " + printable(t->name) + "");
   }
 
   const uint8_t* data_;
@@ -279,11 +281,11 @@ const GgufTensorInfo* GgufFile::find_tensor(const std::string& name) const {
 namespace {
 
 Status missing_key(const std::string& path, const std::string& key) {
-  return Status::not_found(path + ": missing metadata key '" + key + "'");
+  return Status::not_found(path + ": missing metadata key " + printable(key) + "");
 }
 
 Status wrong_type(const std::string& path, const std::string& key, const GgufValue& v, const char* expected) {
-  return Status::corruption(path + ": metadata '" + key + "' is " + gguf_value_type_name(v.type) + ", expected " +
+  return Status::corruption(path + ": metadata " + printable(key) + " is " + gguf_value_type_name(v.type) + ", expected " +
                             expected);
 }
 
@@ -319,7 +321,7 @@ Result<int64_t> GgufFile::get_int(const std::string& key) const {
   if (v == nullptr) return missing_key(path(), key);
   int64_t out = 0;
   if (!is_integer(v->type)) return wrong_type(path(), key, *v, "an integer");
-  if (!as_int64(*v, &out)) return Status::corruption(path() + ": metadata '" + key + "' does not fit in int64");
+  if (!as_int64(*v, &out)) return Status::corruption(path() + ": metadata " + printable(key) + " does not fit in int64");
   return out;
 }
 
@@ -368,7 +370,7 @@ Result<std::vector<int64_t>> GgufFile::get_int_array(const std::string& key) con
   std::vector<int64_t> out(a->size());
   for (size_t i = 0; i < a->size(); ++i) {
     if (!as_int64((*a)[i], &out[i])) {
-      return Status::corruption(path() + ": metadata '" + key + "' has an element that does not fit in int64");
+      return Status::corruption(path() + ": metadata " + printable(key) + " has an element that does not fit in int64");
     }
   }
   return out;

@@ -1,13 +1,26 @@
 #include "model/llama_config.h"
 
+#include <cstdio>
+
+#include "util/printable.h"
+
 namespace vericache {
+namespace {
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.10g", v);
+  return buf;
+}
+
+}  // namespace
 
 Result<LlamaConfig> LlamaConfig::from_gguf(const GgufFile& file) {
   const std::string& path = file.path();
   LlamaConfig c;
   VC_ASSIGN_OR_RETURN(c.architecture, file.get_string("general.architecture"));
   if (c.architecture != "llama") {
-    return Status::not_supported(path + ": architecture '" + c.architecture + "' is not supported (llama is)");
+    return Status::not_supported(path + ": architecture " + printable(c.architecture) + " is not supported (llama is)");
   }
   if (auto name = file.get_string("general.name"); name.ok()) c.name = *name;
   const std::string a = c.architecture + ".";
@@ -27,7 +40,7 @@ Result<LlamaConfig> LlamaConfig::from_gguf(const GgufFile& file) {
   if (const GgufValue* scaling = file.find(a + "rope.scaling.type")) {
     const auto* s = std::get_if<std::string>(&scaling->data);
     if (s == nullptr || (*s != "none" && !s->empty())) {
-      return Status::not_supported(path + ": RoPE scaling '" + (s ? *s : std::string("?")) + "' is not supported");
+      return Status::not_supported(path + ": RoPE scaling " + (s ? printable(*s) : std::string("?")) + " is not supported");
     }
   }
   const GgufTensorInfo* embd = file.find_tensor("token_embd.weight");
@@ -41,27 +54,42 @@ Result<LlamaConfig> LlamaConfig::from_gguf(const GgufFile& file) {
     }
   }
 
-  auto positive = [&](int64_t v, const char* key) -> Status {
-    if (v <= 0) return Status::corruption(path + ": " + a + key + " must be positive, got " + std::to_string(v));
+  // Every value is checked before anything is sized by it (a huge context_length would size the
+  // RoPE tables at load to gigabytes).
+  auto in_range = [&](double v, const char* key, double lo, double hi) -> Status {
+    if (!(v >= lo && v <= hi)) {
+      return Status::corruption(path + ": metadata '" + a + key + "' = " + number(v) + " is out of range [" +
+                                number(lo) + ", " + number(hi) + "]");
+    }
     return Status();
   };
-  VC_RETURN_IF_ERROR(positive(c.n_layers, "block_count"));
-  VC_RETURN_IF_ERROR(positive(c.d_model, "embedding_length"));
-  VC_RETURN_IF_ERROR(positive(c.d_ff, "feed_forward_length"));
-  VC_RETURN_IF_ERROR(positive(c.n_heads, "attention.head_count"));
-  VC_RETURN_IF_ERROR(positive(c.n_kv_heads, "attention.head_count_kv"));
-  VC_RETURN_IF_ERROR(positive(c.context_length, "context_length"));
-  if (c.d_model % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0) {
-    return Status::corruption(path + ": embedding_length " + std::to_string(c.d_model) + ", head_count " +
-                              std::to_string(c.n_heads) + " and head_count_kv " + std::to_string(c.n_kv_heads) +
-                              " do not divide evenly");
+  VC_RETURN_IF_ERROR(in_range(c.n_layers, "block_count", 1, 1024));
+  VC_RETURN_IF_ERROR(in_range(c.d_model, "embedding_length", 1, 65536));
+  VC_RETURN_IF_ERROR(in_range(c.d_ff, "feed_forward_length", 1, 1 << 20));
+  VC_RETURN_IF_ERROR(in_range(c.n_heads, "attention.head_count", 1, 1024));
+  VC_RETURN_IF_ERROR(in_range(c.n_kv_heads, "attention.head_count_kv", 1, c.n_heads));
+  VC_RETURN_IF_ERROR(in_range(c.context_length, "context_length", 1, kMaxContextLength));
+  VC_RETURN_IF_ERROR(in_range(c.rms_norm_eps, "attention.layer_norm_rms_epsilon", 1e-12, 0.1));
+  VC_RETURN_IF_ERROR(in_range(c.rope_freq_base, "rope.freq_base", 1, 1e9));
+  if (c.vocab_size < 1 || c.vocab_size > (1 << 22)) {
+    return Status::corruption(path + ": token_embd.weight has " + std::to_string(c.vocab_size) +
+                              " rows; a vocabulary of 1 to 4194304 tokens is expected");
+  }
+  // The layers the file holds must be the layers block_count names: no fewer, and none ignored.
+  if (file.find_tensor("blk." + std::to_string(c.n_layers - 1) + ".attn_q.weight") == nullptr ||
+      file.find_tensor("blk." + std::to_string(c.n_layers) + ".attn_q.weight") != nullptr) {
+    int64_t present = 0;
+    while (file.find_tensor("blk." + std::to_string(present) + ".attn_q.weight") != nullptr) ++present;
+    return Status::corruption(path + ": metadata '" + a + "block_count' = " + std::to_string(c.n_layers) +
+                              " but the file has attention weights for " + std::to_string(present) +
+                              " layers (blk.N.attn_q.weight)");
   }
   c.head_dim = c.d_model / c.n_heads;
   if (file.find(a + "rope.dimension_count") != nullptr) {
     VC_ASSIGN_OR_RETURN(int64_t rope_dim, file.get_int(a + "rope.dimension_count"));
     if (rope_dim != c.head_dim) {
-      return Status::not_supported(path + ": partial RoPE (rope.dimension_count " + std::to_string(rope_dim) +
-                                   " < head_dim " + std::to_string(c.head_dim) + ") is not supported");
+      return Status::not_supported(path + ": rope.dimension_count " + std::to_string(rope_dim) + " differs from head_dim " +
+                                   std::to_string(c.head_dim) + "; only RoPE over the whole head is supported");
     }
   }
   if (c.head_dim != 64 && c.head_dim != 128) {

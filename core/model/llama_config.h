@@ -10,6 +10,9 @@
 
 namespace vericache {
 
+// The longest context a model file may declare: the RoPE tables are sized by it at load.
+constexpr int64_t kMaxContextLength = 1 << 18;
+
 struct LlamaConfig {
   std::string architecture;  // general.architecture ("llama")
   std::string name;          // general.name, "" when absent
@@ -24,7 +27,8 @@ struct LlamaConfig {
   double rope_freq_base = 10000.0;
   double rms_norm_eps = 1e-5;
 
-  // Reads `<arch>.*` keys. NotSupported for an architecture other than llama, rope scaling, or a
+  // Reads `<arch>.*` keys. Corruption for a value out of its range (one line naming the key and the
+  // range) or a block_count that differs from the layers the file holds. NotSupported for an architecture other than llama, rope scaling, or a
   // shape the kernels cannot run (head_dim not 64 or 128, more than 16 query heads per KV head).
   static Result<LlamaConfig> from_gguf(const GgufFile& file);
 

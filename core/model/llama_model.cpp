@@ -1,5 +1,6 @@
 // LlamaModel: loading, weight placement, batch validation and forward dispatch. The forwards
 // themselves are in llama_forward_cpu.cpp and llama_forward_torch.cpp.
+#include "util/printable.h"
 #include "model/llama_model.h"
 
 #include <ATen/ATen.h>
@@ -25,10 +26,10 @@ std::string shape_string(const std::vector<int64_t>& s) {
 Result<const GgufTensorInfo*> find_checked(const GgufFile& file, const std::string& name,
                                            const std::vector<int64_t>& torch_shape) {
   const GgufTensorInfo* info = file.find_tensor(name);
-  if (info == nullptr) return Status::not_found(file.path() + ": missing tensor '" + name + "'");
+  if (info == nullptr) return Status::not_found(file.path() + ": missing tensor " + printable(name) + "");
   const std::vector<int64_t> found(info->dims.rbegin(), info->dims.rend());
   if (found != torch_shape) {
-    return Status::corruption(file.path() + ": tensor '" + name + "' has shape " + shape_string(found) +
+    return Status::corruption(file.path() + ": tensor " + printable(name) + " has shape " + shape_string(found) +
                               ", expected " + shape_string(torch_shape));
   }
   return info;
@@ -39,7 +40,7 @@ Result<at::Tensor> load_vector(const GgufFile& file, const std::string& name, in
   VC_ASSIGN_OR_RETURN(const GgufTensorInfo* info, find_checked(file, name, {size}));
   at::Tensor t = at::empty({size}, at::kFloat);
   Status s = dequantize(info->type, info->data, info->n_elements, t.data_ptr<float>());
-  if (!s.ok()) return s.with_context(file.path() + ": tensor '" + name + "'");
+  if (!s.ok()) return s.with_context(file.path() + ": tensor " + printable(name) + "");
   return t;
 }
 
@@ -119,7 +120,7 @@ Result<LlamaModel::Weight> LlamaModel::load_matrix(const GgufFile& file, const s
   float* dst = w.tensor.data_ptr<float>();
   for (size_t i = 0; i < parts.size(); ++i) {
     Status s = dequantize(parts[i]->type, parts[i]->data, parts[i]->n_elements, dst);
-    if (!s.ok()) return s.with_context(file.path() + ": tensor '" + names[i] + "'");
+    if (!s.ok()) return s.with_context(file.path() + ": tensor " + printable(names[i]) + "");
     dst += parts[i]->n_elements;
   }
   w.view = cpu::WeightView{cpu::WeightFormat::kF32, w.tensor.data_ptr(), n, k, k * static_cast<int64_t>(sizeof(float))};
@@ -431,7 +432,7 @@ Result<at::Tensor> LlamaModel::weight(const std::string& gguf_name) const {
     if (p == "ffn_up") return rows(L.w_gate_up, c.d_ff, c.d_ff);
     if (p == "ffn_down") return rows(L.w_down, 0, c.d_model);
   }
-  return Status::not_found(file_path_ + ": no weight named '" + gguf_name + "'");
+  return Status::not_found(file_path_ + ": no weight named " + printable(gguf_name) + "");
 }
 
 }  // namespace vericache

@@ -4,6 +4,7 @@
 #include <queue>
 
 #include "model/unicode.h"
+#include "util/printable.h"
 
 namespace vericache {
 namespace {
@@ -108,7 +109,7 @@ Result<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) {
   const std::string& path = file.path();
   VC_ASSIGN_OR_RETURN(std::string model, file.get_string("tokenizer.ggml.model"));
   if (model != "gpt2") {
-    return Status::not_supported(path + ": tokenizer model '" + model + "' is not supported (byte-level BPE 'gpt2' is)");
+    return Status::not_supported(path + ": tokenizer model " + printable(model) + " is not supported (byte-level BPE 'gpt2' is)");
   }
   Tokenizer tok;
   auto pre = file.get_string("tokenizer.ggml.pre");
@@ -116,8 +117,8 @@ Result<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) {
   if (tok.pre_ == "smollm") {
     tok.isolate_digits_ = true;
   } else if (tok.pre_ != "gpt2" && tok.pre_ != "gpt-2" && tok.pre_ != "default") {
-    return Status::not_supported(path + ": pre-tokenizer '" + tok.pre_ +
-                                 "' is not supported (gpt2, smollm are)");
+    return Status::not_supported(path + ": pre-tokenizer " + printable(tok.pre_) +
+                                 " is not supported (gpt2, smollm are)");
   }
 
   VC_ASSIGN_OR_RETURN(tok.tokens_, file.get_string_array("tokenizer.ggml.tokens"));
@@ -157,7 +158,7 @@ Result<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) {
     const int32_t right = space_pos == std::string::npos ? -1 : tok.find_token(m.substr(space_pos + 1));
     const int32_t result = space_pos == std::string::npos ? -1 : tok.find_token(m.substr(0, space_pos) + m.substr(space_pos + 1));
     if (left < 0 || right < 0 || result < 0) {
-      return Status::corruption(path + ": merge #" + std::to_string(rank) + " '" + m + "' refers to tokens not in the vocabulary");
+      return Status::corruption(path + ": merge #" + std::to_string(rank) + " " + printable(m) + " refers to tokens not in the vocabulary");
     }
     tok.merges_.emplace(pair_key(left, right), Merge{static_cast<int32_t>(rank), result});
   }

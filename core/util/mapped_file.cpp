@@ -12,6 +12,11 @@
 namespace vericache {
 
 Result<MappedFile> MappedFile::open(const std::string& path) {
+  // Checked before open(): opening a FIFO for reading blocks until a writer comes.
+  struct stat before {};
+  if (::stat(path.c_str(), &before) == 0 && !S_ISREG(before.st_mode) && !S_ISDIR(before.st_mode)) {
+    return Status::invalid_argument(path + ": not a regular file (a FIFO, socket or device), expected a file");
+  }
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;

@@ -16,7 +16,8 @@ namespace vericache {
 class MappedFile {
  public:
   // Maps `path`. Fails with NotFound when it does not exist, IOError when it cannot be read or
-  // mapped, InvalidArgument when it is a directory. An empty file maps to size() == 0.
+  // mapped, InvalidArgument when it is a directory or not a regular file (a FIFO would block the
+  // open forever). An empty file maps to size() == 0.
   static Result<MappedFile> open(const std::string& path);
 
   MappedFile() = default;
