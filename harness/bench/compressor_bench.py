@@ -20,6 +20,8 @@ import statistics
 import subprocess
 import sys
 
+from results_file import check_destination, write_atomically
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERICACHE = os.path.join(ROOT, "build", "vericache")
 CORPUS = os.path.join(ROOT, "datasets", "tokenizer_corpus", "corpus.txt")
@@ -44,6 +46,7 @@ def main():
     ap.add_argument("--kvzap-weights", default=os.path.join(ROOT, ".cache", "kvzap.json"))
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "compressors_cpu_smollm2.md"))
     args = ap.parse_args()
+    check_destination(args.out)
     if not os.path.exists(args.kvzap_weights):
         sys.exit(f"{args.kvzap_weights}: missing; make it with build/vericache train-kvzap --out {args.kvzap_weights}")
     text = open(CORPUS, encoding="utf-8").read()
@@ -72,17 +75,17 @@ def main():
                            text=True).stdout.strip()
     if dirty:
         commit += " with uncommitted changes"
-    with open(args.out, "w") as f:
-        f.write("# Compressor cost and savings, CPU, SmolLM2-135M-Instruct (Q4_1)\n\n")
-        f.write(f"`python3 harness/bench/compressor_bench.py --lengths {args.lengths} --ratio {args.ratio} "
-                f"--repeats {args.repeats} --threads {args.threads}` at commit {commit}, "
-                f"{datetime.date.today().isoformat()}, {args.threads} threads, median of {args.repeats} runs.\n\n")
-        f.write("Prefill includes the compressor's update() work; `x base` is relative to the baseline's prefill "
-                "(StreamingLLM: no update() work) in the same run. Resident = KV bytes held after compaction.\n\n")
-        f.write("| tokens | compressor | prefill s | x base | compress s | x base prefill | full KV MiB | resident MiB |\n")
-        f.write("|---|---|---|---|---|---|---|---|\n")
-        for n, label, p, pr, c, cr, full, res in rows:
-            f.write(f"| {n} | {label} | {p:.3f} | {pr:.2f} | {c:.3f} | {cr:.2f} | {full:.1f} | {res:.1f} |\n")
+    text = "# Compressor cost and savings, CPU, SmolLM2-135M-Instruct (Q4_1)\n\n"
+    text += (f"`python3 harness/bench/compressor_bench.py --lengths {args.lengths} --ratio {args.ratio} "
+             f"--repeats {args.repeats} --threads {args.threads}` at commit {commit}, "
+             f"{datetime.date.today().isoformat()}, {args.threads} threads, median of {args.repeats} runs.\n\n")
+    text += ("Prefill includes the compressor's update() work; `x base` is relative to the baseline's prefill "
+             "(StreamingLLM: no update() work) in the same run. Resident = KV bytes held after compaction.\n\n")
+    text += "| tokens | compressor | prefill s | x base | compress s | x base prefill | full KV MiB | resident MiB |\n"
+    text += "|---|---|---|---|---|---|---|---|\n"
+    for n, label, p, pr, c, cr, full, res in rows:
+        text += f"| {n} | {label} | {p:.3f} | {pr:.2f} | {c:.3f} | {cr:.2f} | {full:.1f} | {res:.1f} |\n"
+    write_atomically(args.out, text)
     print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from results_file import check_destination, write_atomically
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGED = os.path.join(ROOT, ".models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 F32_COPY = os.path.join(ROOT, ".cache", "SmolLM2-135M-Instruct.F32.gguf")
@@ -160,6 +162,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "bench_cpu_smollm2"))
     args = ap.parse_args()
+    check_destination(args.out + ".md")
     contexts = [int(c) for c in args.contexts.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
 
@@ -189,8 +192,7 @@ def main():
             "cores": os.cpu_count(), "threads": args.threads, "llama_cpp_python": md.version("llama_cpp_python"),
             "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode().strip(),
             "python": platform.python_version()}
-    with open(args.out + ".json", "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    write_atomically(args.out + ".json", json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [
         "# CPU throughput: VeriCache vs llama.cpp, SmolLM2-135M-Instruct",
         "",
@@ -211,8 +213,7 @@ def main():
         lines.append(f"| {r['file']} | {r['context']} | {r['batch']} | {o['prefill_tok_s']:.1f} | {t['prefill_tok_s']:.1f} | "
                      f"{o['prefill_tok_s'] / t['prefill_tok_s']:.2f}x | {o['decode_tok_s']:.1f} | {t['decode_tok_s']:.1f} | "
                      f"{o['decode_tok_s'] / t['decode_tok_s']:.2f}x | {o['ms_per_step']:.1f} | {t['ms_per_step']:.1f} |")
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_atomically(args.out + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

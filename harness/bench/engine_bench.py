@@ -21,6 +21,8 @@ import platform
 import subprocess
 import sys
 
+from results_file import check_destination, write_atomically
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERICACHE = os.path.join(ROOT, "build", "vericache")
 
@@ -48,6 +50,7 @@ def main():
                     help="NAME=JSON compressor parameters (KVzip's reconstruction chunk must fit after an 8K prompt)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "engine_cpu_smollm2"))
     args = ap.parse_args()
+    check_destination(args.out + ".md")
     cmd = [VERICACHE, "bench-engine", "--json", "--contexts", args.contexts, "--batches", args.batches,
            "--compressors", args.compressors, "--ratio", args.ratio, "--draft-lengths", args.draft_lengths,
            "--decode-tokens", args.decode_tokens, "--threads", args.threads]
@@ -63,10 +66,8 @@ def main():
                            text=True).stdout.strip()
     when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     invocation = "python3 harness/bench/engine_bench.py " + " ".join(sys.argv[1:])
-    with open(args.out + ".json", "w", encoding="utf-8") as f:
-        json.dump({"command": invocation, "commit": commit, "dirty": bool(dirty), "date": when, "cpu": cpu_name(),
-                   "rows": rows}, f, indent=1)
-        f.write("\n")
+    write_atomically(args.out + ".json", json.dumps({"command": invocation, "commit": commit, "dirty": bool(dirty),
+                                                     "date": when, "cpu": cpu_name(), "rows": rows}, indent=1) + "\n")
     lines = [
         "# VeriCache decode speed on the CPU, SmolLM2-135M-Instruct",
         "",
@@ -92,8 +93,7 @@ def main():
                      f"{r['mean_acceptance_length']:.2f} | {r['acceptance_rate']:.3f} | "
                      f"{r['draft_cost_decode_steps']:.2f} | {r['verify_cost_decode_steps']:.2f} | "
                      f"{r['full_kv_step_ms']:.1f} | {r['mismatches']} |")
-    with open(args.out + ".md", "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    write_atomically(args.out + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
