@@ -37,7 +37,7 @@ int run_bench(int argc, char** argv) {
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
-    ("model", po::value(&model_arg), "GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    ("model", po::value(&model_arg), kModelOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from")
     ("contexts", po::value(&contexts_arg)->default_value("512,2048,8192"),
      "comma-separated context lengths (prompt tokens; decoding adds --decode-tokens)")

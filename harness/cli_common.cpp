@@ -25,14 +25,27 @@ std::string default_model_dir() {
 }
 
 Result<std::string> resolve_model_path(const std::string& requested) {
-  if (!requested.empty()) return requested;
-  if (const char* env = std::getenv("VERICACHE_MODEL"); env != nullptr && *env != '\0') return std::string(env);
-  const std::string path = (std::filesystem::path(default_model_dir()) / kDefaultModelFile).string();
-  if (!std::filesystem::exists(path)) {
-    return Status::not_found("the default model " + path +
-                             " is missing; run harness/setup.sh to fetch it, or pass --model PATH");
+  std::string wanted = requested;
+  if (wanted.empty()) {
+    const char* env = std::getenv("VERICACHE_MODEL");
+    wanted = env != nullptr && *env != '\0' ? env : kEmbeddedModels[0].name;
   }
-  return path;
+  std::string names;
+  for (const EmbeddedModel& e : kEmbeddedModels) {
+    names += std::string(names.empty() ? "" : ", ") + e.name;
+    if (wanted != e.name) continue;
+    const std::string path = (std::filesystem::path(default_model_dir()) / e.file).string();
+    if (!std::filesystem::exists(path)) {
+      return Status::not_found("the embedded model " + std::string(e.name) + " (" + path +
+                               ") is missing; run harness/setup.sh to fetch it, or pass --model PATH");
+    }
+    return path;
+  }
+  const bool looks_like_a_name = wanted.find('/') == std::string::npos && wanted.find('.') == std::string::npos;
+  if (looks_like_a_name && !std::filesystem::exists(wanted)) {
+    return Status::not_found("no model named '" + wanted + "' (embedded: " + names + "; or a path to a GGUF file)");
+  }
+  return wanted;
 }
 
 Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, const LoadOptions& options) {

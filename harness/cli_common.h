@@ -26,8 +26,26 @@ constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
 // Where the default model is looked for: $VERICACHE_MODEL_DIR, else the directory harness/setup.sh
 // fills (the checkout's .models/, fixed at build time).
 std::string default_model_dir();
-// `requested` if not empty, else $VERICACHE_MODEL, else the default model; NotFound with a hint
-// to run harness/setup.sh when the default is missing.
+// The embedded models harness/setup.sh installs, by short name: smollm2-135m (the default),
+// qwen2.5-coder-0.5b, and qwen2.5-coder-1.5b on request.
+struct EmbeddedModel {
+  const char* name;
+  const char* file;
+};
+inline constexpr EmbeddedModel kEmbeddedModels[] = {
+    {"smollm2-135m", kDefaultModelFile},
+    {"qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"},
+    {"qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"},  // harness/setup.sh --with-qwen-1.5b
+};
+
+// The --model help of every subcommand.
+inline constexpr const char* kModelOptionHelp =
+    "GGUF model file, or an embedded model by name: smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b "
+    "(setup.sh --with-qwen-1.5b) (default: $VERICACHE_MODEL, else smollm2-135m)";
+
+// `requested` (a path, or an embedded model's short name) if not empty, else $VERICACHE_MODEL,
+// else the default model. NotFound with a hint to run harness/setup.sh when an embedded model is
+// missing; NotFound listing the short names for a name that is neither a file nor one of them.
 Result<std::string> resolve_model_path(const std::string& requested);
 
 // resolve_model_path(requested), then LlamaModel::load with `options`.

@@ -26,7 +26,7 @@ int run_compress(int argc, char** argv) {
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
-    ("model", po::value(&model_arg), "GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    ("model", po::value(&model_arg), kModelOptionHelp)
     ("compressor", po::value(&compressor_arg), "plugin name (see 'vericache plugins') or path to a vc_plugin_*.so")
     ("params", po::value(&params)->default_value("{}"), "the compressor's parameters as a JSON object")
     ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c in (0, 1]: KV_comp = c * KV_full")

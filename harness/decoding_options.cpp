@@ -8,8 +8,7 @@ void add_decoding_options(po::options_description& d, DecodingOptions& o) {
   // clang-format off
   d.add_options()
     ("help,h", "print this help and exit")
-    ("model", po::value(&o.model), "GGUF model file (default: $VERICACHE_MODEL, else the embedded "
-                                   "SmolLM2-135M-Instruct that harness/setup.sh installs)")
+    ("model", po::value(&o.model), kModelOptionHelp)
     ("prompt,p", po::value(&o.prompt), "prompt text")
     ("prompt-file,f", po::value(&o.prompt_file), "read the prompt from a file ('-' for standard input)")
     ("system", po::value(&o.system), "system message (chat template only; default: the template's own)")

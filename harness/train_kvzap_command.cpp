@@ -74,7 +74,7 @@ int run_train_kvzap(int argc, char** argv) {
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
-    ("model", po::value(&model_arg), "GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    ("model", po::value(&model_arg), kModelOptionHelp)
     ("corpus", po::value(&corpus)->default_value(corpus), "calibration text file")
     ("passages", po::value(&passages)->default_value(32), "passages taken evenly across the corpus (every 8th is held out)")
     ("passage-tokens", po::value(&passage_tokens)->default_value(512), "tokens per passage")

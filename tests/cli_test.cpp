@@ -60,6 +60,19 @@ TEST(Cli, MissingModelAndBadOptionsAreUsageOrRunErrors) {
   EXPECT_EQ(r.err, "vericache: unknown command 'frobnicate'. Run 'vericache --help' for the list.\n");
 }
 
+// --model takes an embedded model's short name as well as a path.
+TEST(Cli, ModelsByShortName) {
+  const CliRun qwen = run_vericache("generate --model qwen2.5-coder-0.5b -p \"What is 2+2?\" -n 8 --json");
+  ASSERT_EQ(qwen.exit_code, 0) << qwen.err;
+  const auto out = nlohmann::json::parse(qwen.out);
+  EXPECT_EQ(out["model"], testing::qwen_model_path());
+  EXPECT_NE(out["text"].get<std::string>().find('4'), std::string::npos) << out["text"];
+  const CliRun unknown = run_vericache("generate --model nosuch -p hi");
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_EQ(unknown.err, "vericache: error: no model named 'nosuch' (embedded: smollm2-135m, qwen2.5-coder-0.5b, "
+                         "qwen2.5-coder-1.5b; or a path to a GGUF file)\n");
+}
+
 TEST(Cli, PluginsListsDescriptorsAndRefusals) {
   const CliRun r = run_vericache(std::string("plugins --json --plugin-dir ") + VC_FIXTURE_PLUGIN_DIR);
   ASSERT_EQ(r.exit_code, 0) << r.err;

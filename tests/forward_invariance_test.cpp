@@ -52,8 +52,8 @@ int64_t first_different_row(const at::Tensor& a, const at::Tensor& b) {
   return -1;
 }
 
-TEST(ForwardInvariance, OneForwardOfMTokensEqualsMDecodes) {
-  const LlamaModel* m = default_model();
+// One forward of M new tokens equals M one-token decodes, for M up to 64 after three prefixes.
+void expect_one_forward_equals_decodes(const LlamaModel* m) {
   ASSERT_NE(m, nullptr);
   auto pool = m->make_page_pool(16, 4096);
   ASSERT_TRUE(pool.ok());
@@ -81,8 +81,8 @@ TEST(ForwardInvariance, OneForwardOfMTokensEqualsMDecodes) {
   EXPECT_EQ(pool->num_free(), pool->num_pages());
 }
 
-TEST(ForwardInvariance, IndependentOfTheRestOfTheBatch) {
-  const LlamaModel* m = default_model();
+// A request's rows are the same, bit for bit, whatever shares its batch (1 to 8 requests).
+void expect_independent_of_the_batch(const LlamaModel* m) {
   ASSERT_NE(m, nullptr);
   auto pool = m->make_page_pool(16, 8192);
   ASSERT_TRUE(pool.ok());
@@ -122,6 +122,12 @@ TEST(ForwardInvariance, IndependentOfTheRestOfTheBatch) {
     }
   }
 }
+
+TEST(ForwardInvariance, OneForwardOfMTokensEqualsMDecodes) { expect_one_forward_equals_decodes(default_model()); }
+TEST(ForwardInvariance, IndependentOfTheRestOfTheBatch) { expect_independent_of_the_batch(default_model()); }
+// The same on Qwen2.5-Coder 0.5B: attention biases and 14 query heads over 2 KV heads.
+TEST(ForwardInvariance, Qwen2OneForwardOfMTokensEqualsMDecodes) { expect_one_forward_equals_decodes(testing::qwen_model()); }
+TEST(ForwardInvariance, Qwen2IndependentOfTheRestOfTheBatch) { expect_independent_of_the_batch(testing::qwen_model()); }
 
 TEST(ForwardInvariance, PortableAndAvx512KernelsAgreeBitwise) {
   const cpu::KernelTable* avx512 = cpu::avx512_kernels();

@@ -212,7 +212,7 @@ TEST(GgufErrors, UnsupportedArchitecture) {
   auto file = GgufFile::open(model_path("gemma-3-270m-q4_k_m.gguf"));
   ASSERT_TRUE(file.ok()) << file.status().message();
   EXPECT_EQ(LlamaConfig::from_gguf(*file).status().message(),
-            file->path() + ": architecture 'gemma3' is not supported (llama is)");
+            file->path() + ": architecture 'gemma3' is not supported (llama and qwen2 are)");
 }
 
 // Every metadata value the model uses is range-checked before anything is sized by it, with one
@@ -236,7 +236,7 @@ TEST(ModelMetadata, OutOfRangeValuesAreRefusedWithTheKeyAndRange) {
        "metadata 'llama.block_count' = 31 but the file has attention weights for 30 layers (blk.N.attn_q.weight)"},
       {"llama.rope.dimension_count", testing::bytes_of<uint32_t>(96),
        "rope.dimension_count 96 differs from head_dim 64; only RoPE over the whole head is supported"},
-      {"general.architecture", std::string("ll\x01'a", 5), "architecture 'll\\x01\\x27a' is not supported (llama is)"},
+      {"general.architecture", std::string("ll\x01'a", 5), "architecture 'll\\x01\\x27a' is not supported (llama and qwen2 are)"},
   };
   for (const auto& [key, value, message] : cases) {
     const std::string path = testing::patched_default_model(key, value, "patched.gguf");
@@ -254,7 +254,7 @@ TEST(ModelMetadata, FuzzRegressionInputsAreRefusedWithTheirReason) {
       {"nan_rms_epsilon.gguf", "metadata 'llama.attention.layer_norm_rms_epsilon' = nan is out of range [1e-12, 0.1]"},
       {"more_layers_than_tensors.gguf",
        "metadata 'llama.block_count' = 2 but the file has attention weights for 1 layers (blk.N.attn_q.weight)"},
-      {"control_bytes_in_architecture.gguf", "architecture 'll\\x00\\x1b[2Ja' is not supported (llama is)"},
+      {"control_bytes_in_architecture.gguf", "architecture 'll\\x00\\x1b[2Ja' is not supported (llama and qwen2 are)"},
   };
   for (const auto& [name, message] : cases) {
     const std::string path = source_path("tests/fuzz/regressions/gguf/" + name);

@@ -19,19 +19,37 @@ std::string model_path(const std::string& file_name) {
 
 std::string default_model_path() { return model_path("SmolLM2-135M-Instruct.Q4_1.gguf"); }
 
+std::string qwen_model_path() { return model_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"); }
+
+namespace {
+
+// The model at `path`, loaded on first use and kept for the process; nullptr and a failed test
+// when it cannot be loaded.
+const LlamaModel* cached_model(std::unique_ptr<LlamaModel>* model, Status* status, const std::string& path) {
+  if (*model == nullptr && status->ok()) {
+    auto loaded = LlamaModel::load(path);
+    if (loaded.ok()) {
+      *model = std::move(loaded).value();
+    } else {
+      *status = loaded.status();
+    }
+  }
+  if (!status->ok()) ADD_FAILURE() << "cannot load " << path << ": " << status->message();
+  return model->get();
+}
+
+}  // namespace
+
 const LlamaModel* default_model() {
   static std::unique_ptr<LlamaModel> model;
   static Status status;
-  if (model == nullptr && status.ok()) {
-    auto loaded = LlamaModel::load(default_model_path());
-    if (loaded.ok()) {
-      model = std::move(loaded).value();
-    } else {
-      status = loaded.status();
-    }
-  }
-  if (!status.ok()) ADD_FAILURE() << "cannot load the default model: " << status.message();
-  return model.get();
+  return cached_model(&model, &status, default_model_path());
+}
+
+const LlamaModel* qwen_model() {
+  static std::unique_ptr<LlamaModel> model;
+  static Status status;
+  return cached_model(&model, &status, qwen_model_path());
 }
 
 std::string read_file(const std::string& path) {

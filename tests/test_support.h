@@ -14,6 +14,10 @@ std::string source_path(const std::string& relative);
 // when it is missing.
 std::string model_path(const std::string& file_name);
 std::string default_model_path();
+// Qwen2.5-Coder 0.5B Instruct (architecture qwen2), also fetched by harness/setup.sh; loaded once
+// per test process like default_model().
+std::string qwen_model_path();
+const LlamaModel* qwen_model();
 // The default model, loaded once per test process; nullptr (and a failed test) when unavailable.
 const LlamaModel* default_model();
 // Token ids of a prompt as `vericache run` makes them: wrapped as a user message in the model's chat

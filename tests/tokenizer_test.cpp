@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "model/chat_template.h"
+#include "model/gguf_file.h"
+#include "model/tokenizer.h"
 #include "model/unicode.h"
 #include "test_support.h"
 
@@ -18,6 +20,19 @@ using testing::source_path;
 const Tokenizer* tokenizer() {
   const LlamaModel* m = default_model();
   return m != nullptr ? &m->tokenizer() : nullptr;
+}
+
+// Fails with the first differing token and the reference tokens around it.
+void expect_same_tokens(const Tokenizer& tok, const std::vector<int32_t>& ours, const std::vector<int32_t>& expected) {
+  size_t first = 0;
+  while (first < ours.size() && first < expected.size() && ours[first] == expected[first]) ++first;
+  if (first < ours.size() || first < expected.size()) {
+    const size_t from = first >= 8 ? first - 8 : 0;
+    std::string context;
+    for (size_t i = from; i < first + 8 && i < expected.size(); ++i) context += "[" + tok.token_bytes(expected[i]) + "]";
+    ADD_FAILURE() << "first difference at token " << first << " of " << expected.size() << " (ours: " << ours.size()
+                  << " tokens); reference tokens around it: " << context;
+  }
 }
 
 TEST(Tokenizer, CorpusMatchesReferenceTokenForToken) {
@@ -34,16 +49,38 @@ TEST(Tokenizer, CorpusMatchesReferenceTokenForToken) {
   }
   ASSERT_EQ(expected.size(), meta["tokens"].get<size_t>());
 
-  const std::vector<int32_t> ours = tok->encode(corpus, /*parse_special=*/false);
-  size_t first = 0;
-  while (first < ours.size() && first < expected.size() && ours[first] == expected[first]) ++first;
-  if (first < ours.size() || first < expected.size()) {
-    const size_t from = first >= 8 ? first - 8 : 0;
-    std::string context;
-    for (size_t i = from; i < first + 8 && i < expected.size(); ++i) context += "[" + tok->token_bytes(expected[i]) + "]";
-    FAIL() << "first difference at token " << first << " of " << expected.size() << " (ours: " << ours.size()
-           << " tokens); reference tokens around it: " << context;
-  }
+  expect_same_tokens(*tok, tok->encode(corpus, /*parse_special=*/false), expected);
+}
+
+// Qwen2's pre-tokenizer (single digits, letters with one leading non-letter, newline runs) against
+// the tokenizer transformers builds from the same GGUF.
+TEST(Tokenizer, QwenCorpusMatchesTransformers) {
+  auto file = GgufFile::open(testing::qwen_model_path());
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  auto tok = Tokenizer::from_gguf(*file);
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  EXPECT_EQ(tok->pre_tokenizer(), "qwen2");
+  const std::string corpus = testing::read_file(source_path("datasets/tokenizer_corpus/corpus.txt"));
+  const std::string raw = testing::read_file(source_path("tests/fixtures/reference/qwen_corpus_ids.u32"));
+  const auto meta = nlohmann::json::parse(testing::read_file(source_path("tests/fixtures/reference/qwen_logits.json")));
+  std::vector<int32_t> expected(raw.size() / 4);
+  std::memcpy(expected.data(), raw.data(), expected.size() * 4);  // little-endian uint32, ids < 2^31
+  ASSERT_EQ(expected.size(), meta["corpus_tokens"].get<size_t>());
+  expect_same_tokens(*tok, tok->encode(corpus, /*parse_special=*/false), expected);
+}
+
+// Qwen2.5's template (attribute syntax, escaped newlines, a tools branch) renders as ChatML with its
+// default system message, as transformers' apply_chat_template does without tools.
+TEST(ChatTemplate, QwenTemplateRendersWithItsDefaultSystemMessage) {
+  auto file = GgufFile::open(testing::qwen_model_path());
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  auto chat = ChatTemplate::from_gguf(*file);
+  ASSERT_TRUE(chat.ok()) << chat.status().message();
+  EXPECT_EQ(chat->render({{"user", "hi"}}, true),
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(chat->render({{"system", "Be brief."}, {"user", "hi"}}, false),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n");
 }
 
 TEST(Tokenizer, DecodeInvertsEncodeOnTheCorpus) {

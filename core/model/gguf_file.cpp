@@ -75,10 +75,10 @@ class GgufParser {
       std::string key;
       VC_RETURN_IF_ERROR(read_string(&key, "metadata key #" + std::to_string(i)));
       uint32_t type = 0;
-      VC_RETURN_IF_ERROR(read_pod(&type, "type of metadata " + printable(key) + ""));
+      VC_RETURN_IF_ERROR(read_pod(&type, "type of metadata " + printable(key)));
       GgufValue value;
       VC_RETURN_IF_ERROR(read_value(type, &value, key, 0));
-      if (out->metadata_index_.count(key) != 0) return error("duplicate metadata key " + printable(key) + "");
+      if (out->metadata_index_.count(key) != 0) return error("duplicate metadata key " + printable(key));
       out->metadata_index_[key] = out->metadata_.size();
       out->metadata_.emplace_back(std::move(key), std::move(value));
     }
@@ -95,7 +95,7 @@ class GgufParser {
       GgufTensorInfo t;
       VC_RETURN_IF_ERROR(read_string(&t.name, "name of tensor #" + std::to_string(i)));
       VC_RETURN_IF_ERROR(read_tensor_info(&t));
-      if (out->tensor_index_.count(t.name) != 0) return error("duplicate tensor " + printable(t.name) + "");
+      if (out->tensor_index_.count(t.name) != 0) return error("duplicate tensor " + printable(t.name));
       out->tensor_index_[t.name] = out->tensors_.size();
       out->tensors_.push_back(std::move(t));
     }
@@ -152,7 +152,7 @@ class GgufParser {
       return error("metadata " + printable(key) + " has unknown value type " + std::to_string(type));
     }
     v->type = static_cast<GgufValueType>(type);
-    const std::string what = "value of metadata " + printable(key) + "";
+    const std::string what = "value of metadata " + printable(key);
     switch (v->type) {
       case GgufValueType::kUint8: return read_int<uint8_t, uint64_t>(v, what);
       case GgufValueType::kInt8: return read_int<int8_t, int64_t>(v, what);
@@ -220,14 +220,14 @@ class GgufParser {
 
   Status read_tensor_info(GgufTensorInfo* t) {
     uint32_t n_dims = 0;
-    VC_RETURN_IF_ERROR(read_pod(&n_dims, "rank of tensor " + printable(t->name) + ""));
+    VC_RETURN_IF_ERROR(read_pod(&n_dims, "rank of tensor " + printable(t->name)));
     if (n_dims == 0 || n_dims > kMaxDims) {
       return error("tensor " + printable(t->name) + " has rank " + std::to_string(n_dims) + " (1 to 4 allowed)");
     }
     t->n_elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       uint64_t dim = 0;
-      VC_RETURN_IF_ERROR(read_pod(&dim, "shape of tensor " + printable(t->name) + ""));
+      VC_RETURN_IF_ERROR(read_pod(&dim, "shape of tensor " + printable(t->name)));
       if (dim == 0 || dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max() / t->n_elements)) {
         return error("tensor " + printable(t->name) + " has invalid dimension " + std::to_string(dim));
       }
@@ -235,7 +235,7 @@ class GgufParser {
       t->n_elements *= static_cast<int64_t>(dim);
     }
     uint32_t type = 0;
-    VC_RETURN_IF_ERROR(read_pod(&type, "type of tensor " + printable(t->name) + ""));
+    VC_RETURN_IF_ERROR(read_pod(&type, "type of tensor " + printable(t->name)));
     const GgmlTypeInfo* info = ggml_type_info(type);
     if (info == nullptr) {
       return Status::not_supported(path_ + ": tensor " + printable(t->name) + " has unknown ggml type " + std::to_string(type));
@@ -250,7 +250,7 @@ class GgufParser {
       return error("tensor " + printable(t->name) + " is too large");
     }
     t->n_bytes = blocks * info->block_bytes;
-    return read_pod(&t->offset, "offset of tensor " + printable(t->name) + "");
+    return read_pod(&t->offset, "offset of tensor " + printable(t->name));
   }
 
   const uint8_t* data_;
@@ -281,7 +281,7 @@ const GgufTensorInfo* GgufFile::find_tensor(const std::string& name) const {
 namespace {
 
 Status missing_key(const std::string& path, const std::string& key) {
-  return Status::not_found(path + ": missing metadata key " + printable(key) + "");
+  return Status::not_found(path + ": missing metadata key " + printable(key));
 }
 
 Status wrong_type(const std::string& path, const std::string& key, const GgufValue& v, const char* expected) {

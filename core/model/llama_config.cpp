@@ -19,9 +19,12 @@ Result<LlamaConfig> LlamaConfig::from_gguf(const GgufFile& file) {
   const std::string& path = file.path();
   LlamaConfig c;
   VC_ASSIGN_OR_RETURN(c.architecture, file.get_string("general.architecture"));
-  if (c.architecture != "llama") {
-    return Status::not_supported(path + ": architecture " + printable(c.architecture) + " is not supported (llama is)");
+  if (c.architecture != "llama" && c.architecture != "qwen2") {
+    return Status::not_supported(path + ": architecture " + printable(c.architecture) +
+                                 " is not supported (llama and qwen2 are)");
   }
+  c.attention_bias = c.architecture == "qwen2";
+  c.rope_pairs_halves = c.architecture == "qwen2";
   if (auto name = file.get_string("general.name"); name.ok()) c.name = *name;
   const std::string a = c.architecture + ".";
   VC_ASSIGN_OR_RETURN(c.n_layers, file.get_int(a + "block_count"));

@@ -97,6 +97,11 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     const Layer& L = layers_[l];
     parallel_rms_norm(k, x.data(), rows, d, L.attn_norm, eps, h.data());
     parallel_linear(k, h.data(), d, rows, L.wqkv.view, qkv.data(), qkv_width);
+    if (L.bqkv.defined()) {
+      const float* b = L.bqkv.data_ptr<float>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < qkv_width; ++j) qkv[r * qkv_width + j] += b[j];
+    }
 
     // RoPE on Q and K heads (pairs of adjacent channels), then K/V into the pages.
     ThreadPool::global().parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {

@@ -145,7 +145,8 @@ Status LlamaModel::forward_torch(std::span<const ForwardItem> batch, const std::
   for (int64_t l = 0; l < layers; ++l) {
     const Layer& L = layers_[l];
     const LayerIndex& ix = index[l];
-    const at::Tensor qkv = at::linear(rms_norm(x, L.attn_norm, c.rms_norm_eps).to(options_.dtype), L.wqkv.tensor).to(at::kFloat);
+    const at::Tensor qkv =
+        at::linear(rms_norm(x, L.attn_norm, c.rms_norm_eps).to(options_.dtype), L.wqkv.tensor, L.bqkv).to(at::kFloat);
     const at::Tensor q = apply_rope(qkv.narrow(1, 0, nh * hd).view({rows, nh, hd}), cos, sin).to(options_.dtype);
     const at::Tensor k = apply_rope(qkv.narrow(1, nh * hd, nkv * hd).view({rows, nkv, hd}), cos, sin).to(options_.dtype);
     const at::Tensor v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd).view({rows, nkv, hd}).to(options_.dtype);

@@ -1,6 +1,5 @@
 // LlamaModel: loading, weight placement, batch validation and forward dispatch. The forwards
 // themselves are in llama_forward_cpu.cpp and llama_forward_torch.cpp.
-#include "util/printable.h"
 #include "model/llama_model.h"
 
 #include <ATen/ATen.h>
@@ -12,6 +11,7 @@
 
 #include "model/ggml_dequant.h"
 #include "util/check.h"
+#include "util/printable.h"
 
 namespace vericache {
 namespace {
@@ -26,7 +26,7 @@ std::string shape_string(const std::vector<int64_t>& s) {
 Result<const GgufTensorInfo*> find_checked(const GgufFile& file, const std::string& name,
                                            const std::vector<int64_t>& torch_shape) {
   const GgufTensorInfo* info = file.find_tensor(name);
-  if (info == nullptr) return Status::not_found(file.path() + ": missing tensor " + printable(name) + "");
+  if (info == nullptr) return Status::not_found(file.path() + ": missing tensor " + printable(name));
   const std::vector<int64_t> found(info->dims.rbegin(), info->dims.rend());
   if (found != torch_shape) {
     return Status::corruption(file.path() + ": tensor " + printable(name) + " has shape " + shape_string(found) +
@@ -40,7 +40,7 @@ Result<at::Tensor> load_vector(const GgufFile& file, const std::string& name, in
   VC_ASSIGN_OR_RETURN(const GgufTensorInfo* info, find_checked(file, name, {size}));
   at::Tensor t = at::empty({size}, at::kFloat);
   Status s = dequantize(info->type, info->data, info->n_elements, t.data_ptr<float>());
-  if (!s.ok()) return s.with_context(file.path() + ": tensor " + printable(name) + "");
+  if (!s.ok()) return s.with_context(file.path() + ": tensor " + printable(name));
   return t;
 }
 
@@ -53,6 +53,22 @@ std::optional<cpu::WeightFormat> kernel_format(GgmlType type) {
     case GgmlType::kQ4_1: return cpu::WeightFormat::kQ4_1;
     default: return std::nullopt;
   }
+}
+
+// Row order that turns Q/K rows paired for RoPE as (i, i + head_dim / 2) into adjacent pairs
+// (2i, 2i + 1), head by head: new row 2i is old row i, new row 2i + 1 is old row i + head_dim / 2.
+// V rows (after the Q and K heads) keep their order. A permutation of whole rows: exact.
+at::Tensor adjacent_pair_order(int64_t q_heads_plus_k_heads, int64_t head_dim, int64_t total_rows) {
+  at::Tensor order = at::arange(total_rows, at::kLong);
+  auto* o = order.data_ptr<int64_t>();
+  const int64_t half = head_dim / 2;
+  for (int64_t h = 0; h < q_heads_plus_k_heads; ++h) {
+    for (int64_t i = 0; i < half; ++i) {
+      o[h * head_dim + 2 * i] = h * head_dim + i;
+      o[h * head_dim + 2 * i + 1] = h * head_dim + half + i;
+    }
+  }
+  return order;
 }
 
 // libtorch errors carry several lines of advice; a Status message is one line.
@@ -120,7 +136,7 @@ Result<LlamaModel::Weight> LlamaModel::load_matrix(const GgufFile& file, const s
   float* dst = w.tensor.data_ptr<float>();
   for (size_t i = 0; i < parts.size(); ++i) {
     Status s = dequantize(parts[i]->type, parts[i]->data, parts[i]->n_elements, dst);
-    if (!s.ok()) return s.with_context(file.path() + ": tensor " + printable(names[i]) + "");
+    if (!s.ok()) return s.with_context(file.path() + ": tensor " + printable(names[i]));
     dst += parts[i]->n_elements;
   }
   w.view = cpu::WeightView{cpu::WeightFormat::kF32, w.tensor.data_ptr(), n, k, k * static_cast<int64_t>(sizeof(float))};
@@ -153,6 +169,18 @@ Status LlamaModel::load_weights(const GgufFile& file) {
     VC_ASSIGN_OR_RETURN(L.attn_norm, load_vector(file, p + "attn_norm.weight", d));
     VC_ASSIGN_OR_RETURN(L.wqkv, load_matrix(file, {p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"},
                                             {c.n_heads * hd, kv, kv}, d));
+    if (c.attention_bias) {
+      VC_ASSIGN_OR_RETURN(at::Tensor bq, load_vector(file, p + "attn_q.bias", c.n_heads * hd));
+      VC_ASSIGN_OR_RETURN(at::Tensor bk, load_vector(file, p + "attn_k.bias", kv));
+      VC_ASSIGN_OR_RETURN(at::Tensor bv, load_vector(file, p + "attn_v.bias", kv));
+      L.bqkv = at::cat({bq, bk, bv});
+    }
+    if (c.rope_pairs_halves) {
+      const at::Tensor order = adjacent_pair_order(c.n_heads + c.n_kv_heads, hd, c.n_heads * hd + 2 * kv);
+      L.wqkv.tensor = L.wqkv.tensor.index_select(0, order);
+      L.wqkv.view.data = L.wqkv.tensor.data_ptr();
+      if (L.bqkv.defined()) L.bqkv = L.bqkv.index_select(0, order);
+    }
     VC_ASSIGN_OR_RETURN(L.wo, load_matrix(file, {p + "attn_output.weight"}, {d}, c.n_heads * hd));
     VC_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(file, p + "ffn_norm.weight", d));
     VC_ASSIGN_OR_RETURN(L.w_gate_up, load_matrix(file, {p + "ffn_gate.weight", p + "ffn_up.weight"}, {c.d_ff, c.d_ff}, d));
@@ -221,6 +249,7 @@ Status LlamaModel::place_weights() {
     for (Layer& L : layers_) {
       place_f32(L.attn_norm);
       place(L.wqkv);
+      if (L.bqkv.defined()) L.bqkv = L.bqkv.to(options_.device, options_.dtype).contiguous();
       place(L.wo);
       place_f32(L.ffn_norm);
       place(L.w_gate_up);
@@ -417,8 +446,17 @@ Result<at::Tensor> LlamaModel::weight(const std::string& gguf_name) const {
   if (gguf_name == "output.weight") return rows(output_, 0, c.vocab_size);
   if (gguf_name == "output_norm.weight") return output_norm_.cpu().clone();
   int64_t layer = -1;
-  char part[64] = {};
-  if (std::sscanf(gguf_name.c_str(), "blk.%ld.%63[a-z_].weight", &layer, part) == 2 && layer >= 0 && layer < c.n_layers &&
+  char part[64] = {}, kind[8] = {};
+  if (std::sscanf(gguf_name.c_str(), "blk.%ld.%63[a-z_].%7[a-z]", &layer, part, kind) == 3 && layer >= 0 &&
+      layer < c.n_layers && gguf_name == "blk." + std::to_string(layer) + "." + part + "." + kind &&
+      std::string(kind) == "bias" && layers_[layer].bqkv.defined()) {
+    const at::Tensor b = layers_[layer].bqkv.to(at::kCPU, at::kFloat);
+    const std::string p = part;
+    if (p == "attn_q") return b.narrow(0, 0, q).clone();
+    if (p == "attn_k") return b.narrow(0, q, kv).clone();
+    if (p == "attn_v") return b.narrow(0, q + kv, kv).clone();
+  }
+  if (std::string(kind) == "weight" && layer >= 0 && layer < c.n_layers &&
       gguf_name == "blk." + std::to_string(layer) + "." + part + ".weight") {
     const Layer& L = layers_[layer];
     const std::string p = part;
@@ -432,7 +470,7 @@ Result<at::Tensor> LlamaModel::weight(const std::string& gguf_name) const {
     if (p == "ffn_up") return rows(L.w_gate_up, c.d_ff, c.d_ff);
     if (p == "ffn_down") return rows(L.w_down, 0, c.d_model);
   }
-  return Status::not_found(file_path_ + ": no weight named " + printable(gguf_name) + "");
+  return Status::not_found(file_path_ + ": no weight named " + printable(gguf_name));
 }
 
 }  // namespace vericache

@@ -110,7 +110,9 @@ class LlamaModel {
   Status forward(std::span<const ForwardItem> batch, at::Tensor* logits, const LayerObserver& observer = {}) const;
 
   // A weight by GGUF name ("blk.3.attn_q.weight", "token_embd.weight", "output_norm.weight", ...)
-  // as a float32 CPU tensor in PyTorch order; NotFound for an unknown name.
+  // as a float32 CPU tensor in PyTorch order; Q/K rows in adjacent-pair RoPE order (qwen2 files are
+  // permuted at load, see LlamaConfig::rope_pairs_halves). "blk.N.attn_{q,k,v}.bias" exist for
+  // models with attention biases (qwen2). NotFound for an unknown name.
   Result<at::Tensor> weight(const std::string& gguf_name) const;
   // cos and sin [positions, head_dim / 2] of the model's RoPE (float32, CPU), at any position.
   void rope(std::span<const int64_t> positions, at::Tensor* cos, at::Tensor* sin) const;
@@ -134,6 +136,7 @@ class LlamaModel {
   struct Layer {
     at::Tensor attn_norm;  // [d_model] float32
     Weight wqkv;           // [(n_heads + 2 n_kv_heads) head_dim, d_model]: Q, K, V rows stacked
+    at::Tensor bqkv;       // [(n_heads + 2 n_kv_heads) head_dim] float32 Q, K, V biases; undefined without
     Weight wo;             // [d_model, n_heads head_dim]
     at::Tensor ffn_norm;   // [d_model] float32
     Weight w_gate_up;      // [2 d_ff, d_model]: gate rows, then up rows

@@ -103,6 +103,77 @@ void split_gpt2(const std::vector<CodePoint>& cps, size_t begin, size_t end,
   }
 }
 
+// Splits cps[begin, end) as Qwen2's pre-tokenizer regex (also Llama 3's) does:
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// Leftmost-first alternation, greedy quantifiers with the regex engine's backtracking.
+void split_qwen2(const std::vector<CodePoint>& cps, size_t begin, size_t end,
+                 std::vector<std::pair<size_t, size_t>>* out) {
+  auto lower = [&](size_t i) -> uint32_t {
+    const uint32_t v = i < end ? cps[i].value : 0;
+    return v >= 'A' && v <= 'Z' ? v + ('a' - 'A') : v;
+  };
+  auto newline = [&](size_t i) { return cps[i].value == '\r' || cps[i].value == '\n'; };
+  size_t pos = begin;
+  while (pos < end) {
+    const CodePoint& c = cps[pos];
+    // Contractions, any case.
+    if (c.value == '\'' && pos + 1 < end) {
+      const uint32_t c1 = lower(pos + 1), c2 = lower(pos + 2);
+      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
+        out->emplace_back(pos, pos + 2);
+        pos += 2;
+        continue;
+      }
+      if (pos + 2 < end && ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l'))) {
+        out->emplace_back(pos, pos + 3);
+        pos += 3;
+        continue;
+      }
+    }
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    const bool prefix = !letter(c) && !number(c) && !newline(pos) && pos + 1 < end && letter(cps[pos + 1]);
+    if (letter(c) || prefix) {
+      size_t i = pos + (prefix ? 1 : 0);
+      while (i < end && letter(cps[i])) ++i;
+      out->emplace_back(pos, i);
+      pos = i;
+      continue;
+    }
+    // \p{N}: one digit at a time.
+    if (number(c)) {
+      out->emplace_back(pos, pos + 1);
+      ++pos;
+      continue;
+    }
+    // " ?[^\s\p{L}\p{N}]+[\r\n]*"
+    const bool lead_space = c.value == ' ' && pos + 1 < end && other(cps[pos + 1]);
+    if (other(c) || lead_space) {
+      size_t i = pos + (lead_space ? 1 : 0);
+      while (i < end && other(cps[i])) ++i;
+      while (i < end && newline(i)) ++i;
+      out->emplace_back(pos, i);
+      pos = i;
+      continue;
+    }
+    // Whitespace. \s*[\r\n]+ ends after the run's last newline, when it has one.
+    size_t run_end = pos;
+    while (run_end < end && space(cps[run_end])) ++run_end;
+    size_t last_newline = run_end;
+    for (size_t i = pos; i < run_end; ++i)
+      if (newline(i)) last_newline = i;
+    if (last_newline < run_end) {
+      out->emplace_back(pos, last_newline + 1);
+      pos = last_newline + 1;
+      continue;
+    }
+    // \s+(?!\S) leaves the last space to the next piece when a non-space follows; else \s+.
+    size_t i = run_end;
+    if (i < end && i - pos > 1) --i;
+    out->emplace_back(pos, i);
+    pos = i;
+  }
+}
+
 }  // namespace
 
 Result<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) {
@@ -116,9 +187,11 @@ Result<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) {
   tok.pre_ = pre.ok() ? *pre : "gpt2";
   if (tok.pre_ == "smollm") {
     tok.isolate_digits_ = true;
+  } else if (tok.pre_ == "qwen2") {
+    tok.qwen2_split_ = true;
   } else if (tok.pre_ != "gpt2" && tok.pre_ != "gpt-2" && tok.pre_ != "default") {
     return Status::not_supported(path + ": pre-tokenizer " + printable(tok.pre_) +
-                                 " is not supported (gpt2, smollm are)");
+                                 " is not supported (gpt2, smollm, qwen2 are)");
   }
 
   VC_ASSIGN_OR_RETURN(tok.tokens_, file.get_string_array("tokenizer.ggml.tokens"));
@@ -197,7 +270,6 @@ Result<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) {
   for (int32_t id : tok.special_ids_) tok.special_first_byte_[static_cast<uint8_t>(tok.tokens_[id][0])] = true;
   return tok;
 }
-
 int32_t Tokenizer::find_token(const std::string& text) const {
   auto it = token_index_.find(text);
   return it == token_index_.end() ? -1 : it->second;
@@ -207,6 +279,10 @@ std::vector<std::string_view> Tokenizer::pre_tokenize(std::string_view text) con
   const std::vector<CodePoint> cps = decode_utf8(text);
   std::vector<std::pair<size_t, size_t>> words;
   size_t begin = 0;
+  if (qwen2_split_) {
+    split_qwen2(cps, 0, cps.size(), &words);
+    begin = cps.size();
+  }
   while (begin < cps.size()) {
     // The digit pre-split of "smollm": each \p{N} code point is its own piece.
     size_t end = begin;

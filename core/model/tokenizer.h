@@ -88,7 +88,8 @@ class Tokenizer {
   bool special_first_byte_[256] = {};  // some special token starts with this byte
   std::vector<int32_t> end_of_generation_;
   std::string pre_;
-  bool isolate_digits_ = false;
+  bool isolate_digits_ = false;  // "smollm": every digit its own piece, then the GPT-2 split
+  bool qwen2_split_ = false;     // "qwen2": the Qwen2 / Llama-3 split (split_qwen2 in tokenizer.cpp)
   int32_t bos_id_ = -1;
   int32_t eos_id_ = -1;
   bool add_bos_ = false;

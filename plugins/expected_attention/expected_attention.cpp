@@ -99,7 +99,11 @@ class ExpectedAttention : public CompressorBase {
       VC_ASSIGN_OR_RETURN(at::Tensor wq, model.weight("blk." + std::to_string(l) + ".attn_q.weight"));  // [nh*hd, d]
       const at::Tensor wq64 = wq.to(at::kDouble);
       const at::Tensor& mean_x = m.mean;
-      const at::Tensor mu = at::matmul(wq64, mean_x).view({nh, hd});                        // pre-RoPE mean per head
+      at::Tensor mu = at::matmul(wq64, mean_x).view({nh, hd});                              // pre-RoPE mean per head
+      // Models with a query bias (qwen2): E[W x + b] = W E[x] + b, as q_proj computes it in kvpress.
+      if (auto bq = model.weight("blk." + std::to_string(l) + ".attn_q.bias"); bq.ok()) {
+        mu += bq->to(at::kDouble).view({nh, hd});
+      }
       const at::Tensor rmu = at::matmul(mu, avg_rotation.t()).to(at::kFloat);              // [nh, hd]
 
       const at::Tensor keys = layer_keys(full_kv, l).narrow(1, o_.n_sink, n - o_.n_sink);  // [nkv, m, hd]

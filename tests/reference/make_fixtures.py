@@ -17,8 +17,12 @@ Every fixture comes from an implementation independent of ours, run on the same 
                tests/fixtures/reference/logits.json         20 prompts: ids, next-token logits (top 64
                                                              and every 64th vocabulary entry), 64-token
                                                              greedy continuation
+  qwen       the same for Qwen2.5-Coder 0.5B (transformers' own GGUF tokenizer and model):
+               tests/fixtures/reference/qwen_corpus_ids.u32 ids of corpus.txt
+               tests/fixtures/reference/qwen_logits.json    8 prompts (2 of 8K+ characters), 32-token
+                                                             greedy continuations
 Run from the repository root with the project venv after harness/setup.sh:
-  .venv/bin/pip install transformers==5.24.0 tokenizers==0.23.3 gguf==0.19.0 llama-cpp-python==0.3.36
+  .venv/bin/pip install transformers==5.24.0 tokenizers==0.23.3 gguf==0.19.0 accelerate==1.15.0 llama-cpp-python==0.3.36
   .venv/bin/python tests/reference/make_fixtures.py [gguf] [tokenizer] [logits]
 """
 import hashlib
@@ -35,6 +39,7 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 MODELS = os.path.join(ROOT, ".models")
 SMOLLM = os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf")
 GEMMA = os.path.join(MODELS, "gemma-3-270m-q4_k_m.gguf")
+QWEN = os.path.join(MODELS, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
 CORPUS = os.path.join(ROOT, "datasets", "tokenizer_corpus", "corpus.txt")
 PROMPTS = os.path.join(ROOT, "datasets", "reference_prompts", "prompts.json")
 
@@ -178,6 +183,24 @@ def make_tokenizer():
 # ---------------------------------------------------------------------------------------------
 # logits
 
+def reference_case(model, name, text, ids, eos, pad, max_new_tokens, stride=64):
+    """transformers' next-token logits after `ids` (top 64 and every `stride`-th entry) and its greedy
+    continuation (KV cache, stopping at `eos`, which is not kept)."""
+    import torch
+    start = time.time()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1].float()
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+                             pad_token_id=pad, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    cont = out[0, len(ids):].tolist()
+    while cont and cont[-1] in eos:
+        cont.pop()
+    top = torch.topk(logits, 64)
+    print(f"{name}: {len(ids)} prompt tokens, {len(cont)} generated, {time.time() - start:.1f}s", file=sys.stderr)
+    return {"name": name, "text": text, "ids": ids, "top_ids": top.indices.tolist(), "top_logits": top.values.tolist(),
+            "stride": stride, "strided_logits": logits[::stride].tolist(), "greedy_continuation": cont}
+
+
 def chatml(user):
     return ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
             f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
@@ -193,26 +216,11 @@ def make_logits():
     model = AutoModelForCausalLM.from_pretrained(MODELS, gguf_file=os.path.basename(SMOLLM), dtype=torch.float32)
     model.eval()
     eos = [2, 0]  # <|im_end|>, <|endoftext|>
-    stride = 64
     cases = []
     for p in prompts:
         text = chatml(p["text"]) if p["chat"] else p["text"]
         ids = tk.encode(text, add_special_tokens=False).ids
-        start = time.time()
-        with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0, -1].float()
-            out = model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, eos_token_id=eos,
-                                 pad_token_id=2, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-        cont = out[0, len(ids):].tolist()
-        while cont and cont[-1] in eos:
-            cont.pop()
-        top = torch.topk(logits, 64)
-        cases.append({"name": p["name"], "text": text, "ids": ids,
-                      "top_ids": top.indices.tolist(), "top_logits": top.values.tolist(),
-                      "stride": stride, "strided_logits": logits[::stride].tolist(),
-                      "greedy_continuation": cont})
-        print(f"{p['name']}: {len(ids)} prompt tokens, {len(cont)} generated, {time.time() - start:.1f}s",
-              file=sys.stderr)
+        cases.append(reference_case(model, p["name"], text, ids, eos, pad=2, max_new_tokens=64))
     out_dir = os.path.join(FIXTURES, "reference")
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "logits.json"), "w") as f:
@@ -223,10 +231,48 @@ def make_logits():
     print("logits fixture written", file=sys.stderr)
 
 
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def make_qwen():
+    """Qwen2.5-Coder 0.5B: the tokenizer transformers builds from the GGUF on the whole corpus, and
+    logits / greedy continuations for the first prompts of datasets/reference_prompts (Qwen's
+    ChatML with its default system message)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count() or 1)
+    name = os.path.basename(QWEN)
+    tk = AutoTokenizer.from_pretrained(MODELS, gguf_file=name)
+    text = open(CORPUS, encoding="utf-8", newline="").read()
+    corpus_ids = tk(text, add_special_tokens=False)["input_ids"]
+    out_dir = os.path.join(FIXTURES, "reference")
+    np.asarray(corpus_ids, dtype="<u4").tofile(os.path.join(out_dir, "qwen_corpus_ids.u32"))
+    model = AutoModelForCausalLM.from_pretrained(MODELS, gguf_file=name, dtype=torch.float32)
+    model.eval()
+    eos = [151645, 151643]  # <|im_end|>, <|endoftext|>
+    cases = []
+    prompts = json.load(open(PROMPTS, encoding="utf-8"))["prompts"]
+    chosen = [p for p in prompts if len(p["text"]) < 2000][:6] + [p for p in prompts if len(p["text"]) >= 8000][:2]
+    for p in chosen:
+        text = (f"<|im_start|>system\n{QWEN_SYSTEM}<|im_end|>\n<|im_start|>user\n{p['text']}<|im_end|>\n"
+                "<|im_start|>assistant\n") if p["chat"] else p["text"]
+        ids = tk(text, add_special_tokens=False)["input_ids"]
+        cases.append(reference_case(model, p["name"], text, ids, eos, pad=151643, max_new_tokens=32))
+    with open(os.path.join(out_dir, "qwen_logits.json"), "w") as f:
+        json.dump({"tool": "transformers AutoModelForCausalLM / AutoTokenizer .from_pretrained(gguf_file=..., "
+                           "dtype=float32), greedy generate with KV cache",
+                   "model": name, "model_sha256": sha256(QWEN), "corpus_tokens": len(corpus_ids),
+                   "corpus_ids": "qwen_corpus_ids.u32 (uint32 little-endian, add_special_tokens=False)",
+                   "versions": versions("transformers", "torch", "tokenizers", "gguf"),
+                   "eos_ids": eos, "max_new_tokens": 32, "cases": cases}, f)
+    print("qwen fixtures written", file=sys.stderr)
+
+
 def main():
-    parts = sys.argv[1:] or ["gguf", "tokenizer", "logits"]
+    parts = sys.argv[1:] or ["gguf", "tokenizer", "logits", "qwen"]
     for part in parts:
-        {"gguf": make_gguf, "tokenizer": make_tokenizer, "logits": make_logits}[part]()
+        {"gguf": make_gguf, "tokenizer": make_tokenizer, "logits": make_logits, "qwen": make_qwen}[part]()
 
 
 if __name__ == "__main__":

@@ -91,7 +91,9 @@ class ModelAccess {
   virtual ~ModelAccess() = default;
   virtual const ModelShape& shape() const = 0;
   // A weight as a float32 CPU tensor in PyTorch order, by GGUF name ("blk.3.attn_q.weight");
-  // NotFound names a missing weight. Q/K rows are in GGUF order (RoPE rotates adjacent pairs).
+  // NotFound names a missing weight. Q/K rows are in the order where RoPE rotates adjacent pairs
+  // (llama GGUF order; models stored otherwise are permuted into it at load). Models with attention
+  // biases (qwen2) also have "blk.N.attn_q.bias", "attn_k.bias", "attn_v.bias"; others NotFound.
   virtual Result<at::Tensor> weight(const std::string& gguf_name) const = 0;
   // cos and sin [positions, head_dim / 2] float32 CPU of the model's RoPE at `positions` (any
   // non-negative position, also past the context: the forward's own table values where they overlap).
