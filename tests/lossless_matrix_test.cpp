@@ -4,7 +4,8 @@
 // Hours on 2 cores, so not part of `ctest -L cpu`: run it with `ctest --test-dir build -L matrix`
 // or build/tests/lossless_matrix_tests, whole or in shards of prompts. Environment:
 //   VERICACHE_MATRIX_FROM     first prompt (default 0; a multiple of 8, so groups stay the same)
-//   VERICACHE_MATRIX_PROMPTS  how many prompts from there (default: all the rest)
+//   VERICACHE_MATRIX_PROMPTS  how many prompts from there (default: all the rest; 0 only rewrites the
+//                             table from the recorded groups)
 //   VERICACHE_MATRIX_OUT      a markdown table (results/....md). Each finished group of 8 prompts is
 //                             also recorded in the JSON file beside it (same name, .json), replacing
 //                             an earlier record of the same prompts; the table sums every recorded
@@ -106,15 +107,28 @@ nlohmann::json read_record(const std::string& path) {
   return nlohmann::json::parse(in);
 }
 
-std::string source_commit() {
+std::string shell_output(const std::string& command) {
   std::string out;
-  if (FILE* f = popen(("git -C '" + testing::source_path("") + "' rev-parse --short HEAD 2>/dev/null").c_str(), "r")) {
-    char buf[64];
+  if (FILE* f = popen(command.c_str(), "r")) {
+    char buf[256];
     while (std::fgets(buf, sizeof(buf), f)) out += buf;
     pclose(f);
   }
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out.empty() ? "unknown" : out;
+  return out;
+}
+
+// The checkout's commit when the test starts (the binary does not change while it runs), marked
+// when tracked files differ from it.
+const std::string& source_commit() {
+  static const std::string commit = [] {
+    const std::string git = "git -C '" + testing::source_path("") + "' ";
+    std::string c = shell_output(git + "rev-parse --short HEAD 2>/dev/null");
+    if (c.empty()) return std::string("unknown");
+    if (!shell_output(git + "status --porcelain --untracked-files=no 2>/dev/null").empty()) c += " (with uncommitted changes)";
+    return c;
+  }();
+  return commit;
 }
 
 std::string today() {
@@ -161,7 +175,8 @@ std::string matrix_markdown(const nlohmann::json& record, const std::string& md_
     seconds += g.at("seconds").get<double>();
     groups_text += "  - prompts " + std::to_string(first) + "-" + std::to_string(end - 1) + ": commit `" +
                    g.at("commit").get<std::string>() + "`, " + g.at("date").get<std::string>() + ", " +
-                   std::to_string(static_cast<int64_t>(g.at("seconds").get<double>())) + " s\n";
+                   std::to_string(static_cast<int64_t>(g.at("seconds").get<double>())) + " s" +
+                   (g.contains("note") ? " (" + g.at("note").get<std::string>() + ")" : "") + "\n";
     for (const nlohmann::json& c : g.at("cases")) {
       CaseResult& r = sum[c.at("compressor")][c.at("ratio")][c.at("draft_length")][c.at("batch")];
       r.requests += c.at("requests").get<int64_t>();
@@ -215,7 +230,7 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
   size_t first = 0, n_prompts = total_prompts;
   if (const char* env = std::getenv("VERICACHE_MATRIX_FROM")) first = static_cast<size_t>(std::atoi(env));
   ASSERT_EQ(first % kGroup, 0u) << "VERICACHE_MATRIX_FROM must be a multiple of " << kGroup;
-  ASSERT_LT(first, total_prompts);
+  ASSERT_LE(first, total_prompts);
   if (const char* env = std::getenv("VERICACHE_MATRIX_PROMPTS")) n_prompts = static_cast<size_t>(std::atoi(env));
   const size_t end = std::min(total_prompts, first + n_prompts);
   const char* out_md = std::getenv("VERICACHE_MATRIX_OUT");
@@ -225,6 +240,7 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
     plugins[name] = testing::bundled_compressor(name, testing::params_for(name), *m);
     ASSERT_NE(plugins[name], nullptr);
   }
+  source_commit();  // read now, before a long run
   const auto start = std::chrono::steady_clock::now();
   const int64_t layers = m->config().n_layers;
 
