@@ -18,6 +18,7 @@
 
 #include "compression_support.h"
 #include "engine/compression.h"
+#include "engine/compression_divergence.h"
 #include "engine/generator.h"
 #include "test_support.h"
 
@@ -146,22 +147,12 @@ TEST_P(Conformance, KeepsTheBudgetCompactsAndIsLossyAlone) {
   auto full_pool = m->make_page_pool(ps, layers * ((n + 16) / ps + 1));
   ASSERT_TRUE(full_pool.ok());
   SequenceKv full(layers);
-  std::vector<int32_t> continuation{
-      static_cast<int32_t>(prefill_full(*m, ids, *full_pool, full).argmax().item<int64_t>())};
-  std::vector<at::Tensor> full_logits;
-  for (int step = 0; step < 4; ++step) {
-    full_logits.push_back(decode(*m, *full_pool, full, {continuation.back()}, n + step, nullptr, 1.0)[0]);
-    continuation.push_back(static_cast<int32_t>(full_logits.back().argmax().item<int64_t>()));
-  }
-  continuation.pop_back();
+  const auto first = static_cast<int32_t>(prefill_full(*m, ids, *full_pool, full).argmax().item<int64_t>());
   Compressor* online = compressor->mode() == CompressionMode::kOnline ? compressor.get() : nullptr;
-  const std::vector<at::Tensor> compressed_logits = decode(*m, run->pool, run->kv, continuation, n, online, c.ratio);
+  auto steps = divergence_along_full_kv_greedy(*m, *full_pool, full, run->pool, run->kv, first, n, 4, online, c.ratio);
+  ASSERT_TRUE(steps.ok()) << steps.status().message();
   double kl = 0;
-  for (size_t i = 0; i < full_logits.size(); ++i) {
-    const at::Tensor lp = at::log_softmax(full_logits[i].to(at::kDouble), -1);
-    const at::Tensor lq = at::log_softmax(compressed_logits[i].to(at::kDouble), -1);
-    kl += (lp.exp() * (lp - lq)).sum().item<double>() / static_cast<double>(full_logits.size());
-  }
+  for (const DivergenceStep& d : *steps) kl += d.kl / static_cast<double>(steps->size());
   EXPECT_TRUE(std::isfinite(kl));
   EXPECT_GT(kl, 1e-6) << "decoding on the compressed cache matches full KV: nothing was dropped?";
   std::printf("[ %s c=%.2f ] resident %lld of %lld pages, mean KL(full || compressed) over 4 steps = %.4g\n",
