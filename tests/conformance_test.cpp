@@ -84,7 +84,7 @@ TEST_P(Conformance, KeepsTheBudgetCompactsAndIsLossyAlone) {
   const int64_t layers = m->config().n_layers, heads = m->config().n_kv_heads, ps = 16;
   const int64_t k = std::max<int64_t>(1, static_cast<int64_t>(std::floor(n * c.ratio + 1e-9)));
 
-  auto compressor = testing::bundled_compressor(c.plugin, params_for(c.plugin), *m);
+  auto compressor = testing::bundled_compressor(c.plugin, params_for(c.plugin, m->path()), *m);
   ASSERT_NE(compressor, nullptr);
   auto run = testing::run_compression(*m, *compressor, ids, c.ratio);
   ASSERT_TRUE(run->status.ok()) << run->status.message();
@@ -136,7 +136,7 @@ TEST_P(Conformance, KeepsTheBudgetCompactsAndIsLossyAlone) {
   EXPECT_LT(pages, layers * ((n + ps - 1) / ps));
 
   // Deterministic: a fresh compressor on a fresh cache keeps the same positions.
-  auto again = testing::bundled_compressor(c.plugin, params_for(c.plugin), *m);
+  auto again = testing::bundled_compressor(c.plugin, params_for(c.plugin, m->path()), *m);
   auto rerun = testing::run_compression(*m, *again, ids, c.ratio);
   ASSERT_TRUE(rerun->status.ok()) << rerun->status.message();
   for (int64_t l = 0; l < layers; ++l) {
@@ -290,9 +290,9 @@ std::vector<Case> all_cases() {
   for (const char* plugin : {"snapkv", "expected_attention", "kvzip", "kvzap"}) {
     for (double ratio : {0.1, 0.25, 0.5}) cases.push_back({plugin, ratio});
   }
-  // qwen2 (attention biases, RoPE permuted at load, 7 query heads per KV head); KVzap has no
-  // surrogate trained for it yet.
-  for (const char* plugin : {"snapkv", "expected_attention", "kvzip"}) cases.push_back({plugin, 0.25, true});
+  // qwen2 (attention biases, RoPE permuted at load, 7 query heads per KV head); KVzap with a
+  // surrogate trained on this model.
+  for (const char* plugin : {"snapkv", "expected_attention", "kvzip", "kvzap"}) cases.push_back({plugin, 0.25, true});
   return cases;
 }
 

@@ -56,7 +56,7 @@ void expect_identical(const EngineRun& run, const std::vector<GenerationResult>&
   }
 }
 
-void expect_every_offline_plugin_lossless(const LlamaModel& m, const std::string& model_label,
+void expect_every_plugin_lossless(const LlamaModel& m, const std::string& model_label,
                                           const std::vector<int64_t>& xs) {
   const auto j = nlohmann::json::parse(read_file(source_path("datasets/lossless_prompts/prompts.json")));
   std::vector<GenerationRequest> requests;
@@ -69,8 +69,8 @@ void expect_every_offline_plugin_lossless(const LlamaModel& m, const std::string
   }
   ASSERT_GE(requests[2].prompt.size(), 2000u);
   const std::vector<GenerationResult> reference = full_kv(m, requests);
-  for (const std::string name : {"snapkv", "expected_attention", "kvzip"}) {
-    auto compressor = bundled_compressor(name, params_for(name), m);
+  for (const std::string name : {"snapkv", "expected_attention", "kvzip", "kvzap"}) {
+    auto compressor = bundled_compressor(name, params_for(name, m.path()), m);
     ASSERT_NE(compressor, nullptr);
     for (int64_t x : xs) {
       EngineOptions options;

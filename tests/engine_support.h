@@ -30,10 +30,10 @@ EngineRun run_engine(const LlamaModel& m, const EngineOptions& options, const st
 void expect_identical(const EngineRun& run, const std::vector<GenerationResult>& reference, const std::string& label);
 
 // Prompts 0 and 3 (medium) and 40 (2K+ tokens) of datasets/lossless_prompts in one batch, 24 tokens
-// each: every offline bundled plugin (SnapKV, ExpectedAttention, KVzip) at c = 0.25 and each draft
-// length of `xs` gives output identical to full-KV decoding, with no compressor failure. Prints the
-// acceptance of each run, labelled with `model_label`.
-void expect_every_offline_plugin_lossless(const LlamaModel& m, const std::string& model_label,
+// each: every bundled plugin (SnapKV, ExpectedAttention, KVzip, and KVzap with a small surrogate
+// trained on `m`) at c = 0.25 and each draft length of `xs` gives output identical to full-KV
+// decoding, with no compressor failure. Prints the acceptance of each run, labelled with `model_label`.
+void expect_every_plugin_lossless(const LlamaModel& m, const std::string& model_label,
                                           const std::vector<int64_t>& xs);
 
 }  // namespace vericache::testing

@@ -136,13 +136,12 @@ TEST(Lossless, LongPrompts) {
   }
 }
 
-// Qwen2.5-Coder 0.5B (qwen2): two medium prompts and one of 2K+ tokens in one batch, every offline
-// plugin at c = 0.25 with x = 4 and 16: every request identical to full-KV decoding. (KVzap needs a
-// surrogate trained for this model; it is not bundled yet.)
-TEST(Lossless, Qwen2EveryOfflinePlugin) {
+// Qwen2.5-Coder 0.5B (qwen2): two medium prompts and one of 2K+ tokens in one batch, every plugin
+// at c = 0.25 with x = 4 and 16: every request identical to full-KV decoding.
+TEST(Lossless, Qwen2EveryPlugin) {
   const LlamaModel* m = testing::qwen_model();
   ASSERT_NE(m, nullptr);
-  testing::expect_every_offline_plugin_lossless(*m, "Qwen2.5-Coder 0.5B", {4, 16});
+  testing::expect_every_plugin_lossless(*m, "Qwen2.5-Coder 0.5B", {4, 16});
 }
 
 TEST(Engine, SmallPoolMakesRequestsWaitNotFail) {

@@ -2,7 +2,7 @@
 // Label `large`: not part of `ctest -L cpu` (CI does not fetch the 1.1 GB file); run with
 // `ctest --test-dir build -L large` (about 15 minutes on 2 cores). The same checks the 0.5B model
 // passes in CI: agreement with transformers on the same GGUF (8 prompts and one 8K+-token prompt),
-// and VeriCache's output identical to full-KV decoding for every offline plugin.
+// and VeriCache's output identical to full-KV decoding for every plugin.
 #include <gtest/gtest.h>
 
 #include "engine_support.h"
@@ -29,10 +29,10 @@ TEST(LargeModel, LongPromptMatchesTransformers) {
   expect_matches_transformers(*m, "tests/fixtures/reference/qwen_long_1.5b.json", {1, 1, kQwen15LogitTolerance, 1});
 }
 
-TEST(LargeModel, EveryOfflinePluginIsLossless) {
+TEST(LargeModel, EveryPluginIsLossless) {
   const LlamaModel* m = testing::qwen_1_5b_model();
   ASSERT_NE(m, nullptr);
-  testing::expect_every_offline_plugin_lossless(*m, "Qwen2.5-Coder 1.5B", {16});
+  testing::expect_every_plugin_lossless(*m, "Qwen2.5-Coder 1.5B", {16});
 }
 
 }  // namespace
