@@ -52,6 +52,7 @@ std::vector<double> parse_ratios(const std::string& text) {
 
 struct Row {
   int64_t context = 0;
+  int64_t prompt_tokens = 0;
   std::string compressor;
   double ratio = 0;
   double kept_fraction = 0;
@@ -78,6 +79,7 @@ void print(const Row& r, int64_t x, bool json, const LlamaModel& m) {
     for (const DivergenceStep& d : r.divergence) kl.push_back(d.kl);
     nlohmann::json out{{"model", m.path()},
                        {"context", r.context},
+                       {"prompt_tokens", r.prompt_tokens},
                        {"compressor", r.compressor},
                        {"ratio", r.ratio},
                        {"kept_fraction", r.kept_fraction},
@@ -105,7 +107,7 @@ void print(const Row& r, int64_t x, bool json, const LlamaModel& m) {
 }  // namespace
 
 int run_bench_acceptance(int argc, char** argv) {
-  std::string model_arg, text_file, contexts_arg, compressors_arg, ratios_arg;
+  std::string model_arg, text_file, contexts_arg, compressors_arg, ratios_arg, question;
   std::vector<std::string> params_args;
   int64_t draft_length = 16, decode_tokens = 64, page_size = 16, prefill_chunk = 512;
   int threads = 0;
@@ -123,6 +125,9 @@ int run_bench_acceptance(int argc, char** argv) {
     ("model", po::value(&model_arg), kModelOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from")
     ("contexts", po::value(&contexts_arg)->default_value("2048"), "comma-separated prompt lengths in tokens")
+    ("question", po::value(&question),
+     "ask this about the text in a chat-template user message (the model answers) instead of letting it continue "
+     "the raw text; the text is cut so the prompt holds about C tokens")
     ("compressors", po::value(&compressors_arg)->default_value("snapkv,expected_attention,kvzip"),
      "comma-separated offline compressors")
     ("params", po::value(&params_args)->composing(),
@@ -177,8 +182,15 @@ int run_bench_acceptance(int argc, char** argv) {
 
   int64_t total_mismatches = 0;
   for (int64_t context : contexts) {
-    const std::vector<int32_t> prompt(corpus->begin(), corpus->begin() + context);
-    const int64_t cache_pages = layers * ((context + decode_tokens + draft_length) / page_size + 2);
+    auto cut = bench_prompt(m, *corpus, context, question);
+    if (!cut.ok()) return report_status("bench-acceptance", cut.status());
+    const std::vector<int32_t>& prompt = *cut;
+    const auto n = static_cast<int64_t>(prompt.size());  // `context`, or a token or two off with --question
+    if (n + decode_tokens + draft_length + 1 > m.config().context_length) {
+      return report_usage_error("bench-acceptance", "the prompt of context " + std::to_string(context) + " holds " +
+                                                        std::to_string(n) + " tokens: too long for the model");
+    }
+    const int64_t cache_pages = layers * ((n + decode_tokens + draft_length) / page_size + 2);
     auto base_pool = m.make_page_pool(page_size, 2 * cache_pages);  // kvzip's scoring forwards need room
     if (!base_pool.ok()) return report_error(base_pool.status());
     SequenceKv base(layers);
@@ -212,19 +224,20 @@ int run_bench_acceptance(int argc, char** argv) {
                      static_cast<long long>(context), compressor->name().c_str(), ratio);
         Row row;
         row.context = context;
+        row.prompt_tokens = static_cast<int64_t>(prompt.size());
         row.compressor = compressor->name();
         row.ratio = ratio;
         int64_t kept_slots = 0;
         for (const at::Tensor& k : kept.kept) kept_slots += k.size(1);
-        row.kept_fraction = static_cast<double>(kept_slots) / static_cast<double>(layers * context);
+        row.kept_fraction = static_cast<double>(kept_slots) / static_cast<double>(layers * n);
 
         // The KL along the full-KV greedy continuation, which is also the reference output.
         SequenceKv full(layers), compressed(layers);
-        Status s = full.append_range(*full_pool, base, *base_pool, 0, context);
+        Status s = full.append_range(*full_pool, base, *base_pool, 0, n);
         if (s.ok()) s = compressed.assign_kept(*compressed_pool, base, *base_pool, kept.kept);
         if (!s.ok()) return report_error(s);
         auto divergence = divergence_along_full_kv_greedy(m, *full_pool, full, *compressed_pool, compressed, first,
-                                                          context, decode_tokens);
+                                                          n, decode_tokens);
         full.release(*full_pool);
         compressed.release(*compressed_pool);
         if (!divergence.ok()) return report_error(divergence.status());

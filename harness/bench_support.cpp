@@ -59,6 +59,21 @@ Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::st
   return corpus;
 }
 
+Result<std::vector<int32_t>> bench_prompt(const LlamaModel& model, const std::vector<int32_t>& corpus, int64_t context,
+                                          const std::string& question) {
+  if (question.empty()) return std::vector<int32_t>(corpus.begin(), corpus.begin() + context);
+  const auto text_of = [&](int64_t n) {
+    return question + "\n\n" + model.tokenizer().decode(std::span(corpus).first(n), false);
+  };
+  VC_ASSIGN_OR_RETURN(std::vector<int32_t> whole, prompt_tokens(model, text_of(context), false, ""));
+  const int64_t overhead = static_cast<int64_t>(whole.size()) - context;  // template and question
+  if (overhead >= context) {
+    return Status::invalid_argument("the question and chat template take " + std::to_string(overhead) +
+                                    " tokens, more than the context " + std::to_string(context));
+  }
+  return prompt_tokens(model, text_of(context - overhead), false, "");
+}
+
 Status prefill_observed(const LlamaModel& model, PagePool& pool, SequenceKv& kv, std::span<const int32_t> prompt,
                         int64_t chunk, std::span<const std::shared_ptr<Compressor>> compressors, double ratio,
                         std::vector<float>* next_logits) {

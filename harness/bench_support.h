@@ -34,6 +34,13 @@ Result<std::vector<std::shared_ptr<Compressor>>> load_offline_compressors(const 
 // tokens. InvalidArgument when the file holds fewer than `longest_context` tokens.
 Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_file, int64_t longest_context);
 
+// The prompt of context `context` cut from `corpus`: its first `context` tokens when `question` is
+// empty; otherwise a chat-template user message "<question>\n\n<text>" whose text is the opening of
+// the corpus cut so that the whole prompt holds about `context` tokens (re-tokenizing the cut text
+// can move the count by a token or two).
+Result<std::vector<int32_t>> bench_prompt(const LlamaModel& model, const std::vector<int32_t>& corpus, int64_t context,
+                                          const std::string& question);
+
 // Prefills `prompt` into the empty `kv` in forwards of `chunk` tokens, every layer of each handed to
 // every compressor's update() (drops are ignored: offline compressors return none). `next_logits`
 // receives the logits after the prompt (vocab_size floats).
