@@ -76,7 +76,11 @@ double top1_agreement(const Row& r) {
 void print(const Row& r, int64_t x, bool json, const LlamaModel& m) {
   if (json) {
     std::vector<double> kl;
-    for (const DivergenceStep& d : r.divergence) kl.push_back(d.kl);
+    std::vector<int32_t> tokens;
+    for (const DivergenceStep& d : r.divergence) {
+      kl.push_back(d.kl);
+      tokens.push_back(d.token);
+    }
     nlohmann::json out{{"model", m.path()},
                        {"context", r.context},
                        {"prompt_tokens", r.prompt_tokens},
@@ -92,9 +96,10 @@ void print(const Row& r, int64_t x, bool json, const LlamaModel& m) {
                        {"mean_kl", mean_kl(r)},
                        {"kl_per_step", kl},
                        {"top1_agreement", top1_agreement(r)},
+                       {"output", m.tokenizer().decode(tokens, false)},
                        {"mismatches", r.mismatches},
                        {"threads", ThreadPool::global().threads()}};
-    std::cout << out.dump() << std::endl;
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;  // output may cut UTF-8
   } else {
     std::printf("| %lld | %s | %.2f | %.3f | %lld | %.2f | %.3f | %.4f | %.3f | %lld |\n",
                 static_cast<long long>(r.context), r.compressor.c_str(), r.ratio, r.kept_fraction,
