@@ -1,6 +1,6 @@
 // Qwen2.5-Coder 1.5B (qwen2, 28 layers, head_dim 128), fetched by `harness/setup.sh --with-qwen-1.5b`.
 // Label `large`: not part of `ctest -L cpu` (CI does not fetch the 1.1 GB file); run with
-// `ctest --test-dir build -L large` (about 15 minutes on 2 cores). The same checks the 0.5B model
+// `ctest --test-dir build -L large` (28 minutes on 2 shared cores). The same checks the 0.5B model
 // passes in CI: agreement with transformers on the same GGUF (8 prompts and one 8K+-token prompt),
 // and VeriCache's output identical to full-KV decoding for every plugin.
 #include <gtest/gtest.h>
