@@ -11,37 +11,20 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <map>
-#include <sstream>
 
+#include "bench_support.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/compression.h"
 #include "engine/draft_verify_engine.h"
-#include "util/mapped_file.h"
 #include "util/thread_pool.h"
 
 namespace po = boost::program_options;
 
 namespace vericache::cli {
 namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::vector<std::string> parse_names(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  if (out.empty()) throw po::error("--compressors is empty");
-  return out;
-}
 
 // Step durations split by what the forward carried: a step with any verify window counts as a
 // verify step (in these lockstep runs every request verifies in the same step).
@@ -101,12 +84,10 @@ int run_bench_engine(int argc, char** argv) {
                                       kPrefillChunkRange}))
     return *done;
   std::vector<int64_t> contexts, batches, drafts;
-  std::vector<std::string> compressor_names;
   try {
     contexts = parse_positive_list(contexts_arg, "contexts", kMaxContextLength);
     batches = parse_positive_list(batches_arg, "batches", 4096);
     drafts = parse_positive_list(drafts_arg, "draft-lengths", 256);
-    compressor_names = parse_names(compressors_arg);
   } catch (const po::error& e) {
     return report_usage_error("bench-engine", e.what());
   }
@@ -115,32 +96,22 @@ int run_bench_engine(int argc, char** argv) {
   if (!loaded.ok()) return report_error(loaded.status());
   const LlamaModel& m = **loaded;
   const int64_t layers = m.config().n_layers, vocab = m.config().vocab_size;
-
-  std::map<std::string, std::string> params;
-  for (const std::string& p : params_args) {
-    const size_t eq = p.find('=');
-    if (eq == std::string::npos || eq == 0)
-      return report_usage_error("bench-engine", "--params must be NAME=JSON, got '" + p + "'");
-    params[p.substr(0, eq)] = p.substr(eq + 1);
-  }
-  int64_t total_mismatches = 0;
-  std::vector<std::shared_ptr<Compressor>> compressors;
-  for (const std::string& name : compressor_names) {
-    auto c = load_compressor_for(name, params.count(name) ? params[name] : "{}", {}, m);
-    if (!c.ok()) return report_status("bench-engine", c.status());
-    if ((*c)->mode() != CompressionMode::kOffline) {
-      return report_usage_error("bench-engine",
-                                name + " is an online compressor; this benchmark compresses once after prefill");
+  auto compressors = load_offline_compressors(compressors_arg, params_args, m);
+  if (!compressors.ok()) return report_status("bench-engine", compressors.status());
+  // Every context is checked before the first one runs, so a bad one fails in seconds, not after hours.
+  const int64_t longest_x = *std::max_element(drafts.begin(), drafts.end());
+  for (int64_t context : contexts) {
+    if (context + decode_tokens + longest_x + 1 > m.config().context_length) {
+      return report_usage_error("bench-engine", "context " + std::to_string(context) + " + " +
+                                                    std::to_string(decode_tokens) +
+                                                    " decode tokens + a verify window of " +
+                                                    std::to_string(longest_x + 1) + " exceeds the model's context of " +
+                                                    std::to_string(m.config().context_length) + " tokens");
     }
-    compressors.push_back(std::move(*c));
   }
-  std::string text;
-  {
-    auto file = MappedFile::open(text_file);
-    if (!file.ok()) return report_error(file.status());
-    text.assign(reinterpret_cast<const char*>(file->data()), file->size());
-  }
-  const std::vector<int32_t> corpus = m.tokenizer().encode(text, false);
+  auto corpus = bench_corpus(m, text_file, *std::max_element(contexts.begin(), contexts.end()));
+  if (!corpus.ok()) return report_status("bench-engine", corpus.status());
+  int64_t total_mismatches = 0;
   if (!json) {
     std::printf(
         "| context | batch | compressor | x | full-KV tok/s | VeriCache tok/s | speedup | mean acceptance length | "
@@ -150,19 +121,7 @@ int run_bench_engine(int argc, char** argv) {
   }
 
   for (int64_t context : contexts) {
-    const int64_t longest_x = *std::max_element(drafts.begin(), drafts.end());
-    if (context + decode_tokens + longest_x + 1 > m.config().context_length) {
-      return report_usage_error("bench-engine", "context " + std::to_string(context) + " + " +
-                                                    std::to_string(decode_tokens) +
-                                                    " decode tokens + a verify window of " +
-                                                    std::to_string(longest_x + 1) + " exceeds the model's context of " +
-                                                    std::to_string(m.config().context_length) + " tokens");
-    }
-    if (static_cast<int64_t>(corpus.size()) < context) {
-      return report_error(Status::invalid_argument(text_file + " has " + std::to_string(corpus.size()) +
-                                                   " tokens, fewer than the context " + std::to_string(context)));
-    }
-    const std::vector<int32_t> prompt(corpus.begin(), corpus.begin() + context);
+    const std::vector<int32_t> prompt(corpus->begin(), corpus->begin() + context);
     // One prefill, every compressor observing it.
     auto base_pool = m.make_page_pool(page_size, layers * (2 * (context + 160) / page_size + 4));
     if (!base_pool.ok()) return report_error(base_pool.status());
@@ -170,34 +129,20 @@ int run_bench_engine(int argc, char** argv) {
     std::vector<float> next_logits;
     std::fprintf(stderr, "[bench-engine] context %lld: prefill\n", static_cast<long long>(context));
     double t0 = now_seconds();
-    for (int64_t begin = 0; begin < context; begin += prefill_chunk) {
-      const int64_t n = std::min(prefill_chunk, context - begin);
-      std::vector<int32_t> positions(n);
-      for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(begin + i);
-      ForwardItem item{std::span(prompt).subspan(begin, n), positions, &base, &*base_pool, LogitRows::kLast, 0};
-      std::vector<std::vector<LayerDrops>> drops(compressors.size());
-      const std::vector<double> ratios{ratio};
-      std::vector<LayerObserver> observers;
-      for (size_t c = 0; c < compressors.size(); ++c)
-        observers.push_back(compression_observer(*compressors[c], ratios, &drops[c]));
-      at::Tensor logits;
-      Status s = m.forward(std::span(&item, 1), &logits, [&](const LayerActivations& acts) {
-        for (const LayerObserver& o : observers) VC_RETURN_IF_ERROR(o(acts));
-        return Status();
-      });
-      if (!s.ok()) return report_error(s);
-      next_logits.assign(logits[0].data_ptr<float>(), logits[0].data_ptr<float>() + vocab);
+    if (Status s = prefill_observed(m, *base_pool, base, prompt, prefill_chunk, *compressors, ratio, &next_logits);
+        !s.ok()) {
+      return report_error(s);
     }
     const double prefill_seconds = now_seconds() - t0;
-    std::vector<std::vector<at::Tensor>> kept(compressors.size());
-    std::vector<double> compress_seconds(compressors.size());
-    for (size_t c = 0; c < compressors.size(); ++c) {
+    std::vector<std::vector<at::Tensor>> kept(compressors->size());
+    std::vector<double> compress_seconds(compressors->size());
+    for (size_t c = 0; c < compressors->size(); ++c) {
       std::fprintf(stderr, "[bench-engine] context %lld: %s compress\n", static_cast<long long>(context),
-                   compressors[c]->name().c_str());
+                   (*compressors)[c]->name().c_str());
       t0 = now_seconds();
       CompressedKV out;
-      const Status s = compute_kept(m, *base_pool, *compressors[c], ratio, prompt, 0, base, &out);
-      compressors[c]->release(0);
+      const Status s = compute_kept(m, *base_pool, *(*compressors)[c], ratio, prompt, 0, base, &out);
+      (*compressors)[c]->release(0);
       if (!s.ok()) return report_error(s);
       kept[c] = std::move(out.kept);
       compress_seconds[c] = now_seconds() - t0;
@@ -230,15 +175,15 @@ int run_bench_engine(int argc, char** argv) {
       const double baseline_tok_s = static_cast<double>(batch * (decode_tokens - 1)) / baseline_seconds;
       for (SequenceKv& kv : caches) kv.release(*pool);
 
-      for (size_t c = 0; c < compressors.size(); ++c) {
+      for (size_t c = 0; c < compressors->size(); ++c) {
         for (int64_t x : drafts) {
           std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: %s x = %lld\n",
-                       static_cast<long long>(context), static_cast<long long>(batch), compressors[c]->name().c_str(),
+                       static_cast<long long>(context), static_cast<long long>(batch), (*compressors)[c]->name().c_str(),
                        static_cast<long long>(x));
           EngineOptions options;
           options.draft_length = x;
           options.ratio = ratio;
-          options.compressor = compressors[c].get();
+          options.compressor = (*compressors)[c].get();
           StepTimes times;
           options.sink = &times;
           GenerationRequest request;
@@ -276,7 +221,7 @@ int run_bench_engine(int argc, char** argv) {
           if (json) {
             nlohmann::json out{{"context", context},
                                {"batch", batch},
-                               {"compressor", compressors[c]->name()},
+                               {"compressor", (*compressors)[c]->name()},
                                {"ratio", ratio},
                                {"draft_length", x},
                                {"decode_tokens", decode_tokens},
@@ -299,7 +244,7 @@ int run_bench_engine(int argc, char** argv) {
           } else {
             std::printf(
                 "| %lld | %lld | %s | %lld | %.1f | %.1f | %.2fx | %.2f | %.3f | %.1f | %.1f | %.1f | %.2f | %lld |\n",
-                static_cast<long long>(context), static_cast<long long>(batch), compressors[c]->name().c_str(),
+                static_cast<long long>(context), static_cast<long long>(batch), (*compressors)[c]->name().c_str(),
                 static_cast<long long>(x), baseline_tok_s, tok_s, tok_s / baseline_tok_s, t.mean_acceptance_length(),
                 t.acceptance_rate(), draft_ms, verify_ms, baseline_step_ms, verify_ms / baseline_step_ms,
                 static_cast<long long>(mismatches));

@@ -11,5 +11,6 @@ int run_compress(int argc, char** argv);
 int run_train_kvzap(int argc, char** argv);
 int run_run(int argc, char** argv);
 int run_bench_engine(int argc, char** argv);
+int run_bench_acceptance(int argc, char** argv);
 
 }  // namespace vericache::cli

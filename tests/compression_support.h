@@ -16,10 +16,13 @@ namespace vericache::testing {
 
 // KVzap's window in the tests: small, so short prompts are compressed too.
 constexpr int64_t kKvzapWindow = 16;
-// Surrogate weights for KVzap, trained once per test process by the real `vericache train-kvzap`
-// (small: 4 passages of 128 tokens) into a temporary file removed at exit.
-const std::string& kvzap_weights();
-// The parameters the tests run a bundled plugin with ("{}", or KVzap's weights and window).
+// Surrogate weights for KVzap on the model at `model_path`, trained once per test process and model
+// by the real `vericache train-kvzap` (small: 4 passages of 128 tokens) into a temporary file
+// removed at exit.
+const std::string& kvzap_weights(const std::string& model_path);
+// The parameters the tests run a bundled plugin with on the model at `model_path` ("{}", or
+// KVzap's weights for that model and its window); without a path, the default model.
+std::string params_for(const std::string& plugin, const std::string& model_path);
 std::string params_for(const std::string& plugin);
 
 // A bundled plugin from build/plugins, created with `params` and attached to `model`; fails the

@@ -16,6 +16,7 @@
 
 #include <vericache/plugin_abi.h>
 #include "compression_support.h"
+#include "engine_support.h"
 
 #include "engine/draft_verify_engine.h"
 #include "engine/generator.h"
@@ -24,6 +25,11 @@
 
 namespace vericache {
 namespace {
+
+using testing::EngineRun;
+using testing::expect_identical;
+using testing::full_kv;
+using testing::run_engine;
 
 struct Prompt {
   std::string name;
@@ -51,61 +57,6 @@ GenerationRequest request_for(const Prompt& p, int64_t max_tokens) {
   r.prompt = p.ids;
   r.max_new_tokens = max_tokens;
   return r;
-}
-
-// Full-KV greedy decoding of `requests` with the Generator: the reference.
-std::vector<GenerationResult> full_kv(const LlamaModel& m, const std::vector<GenerationRequest>& requests) {
-  auto pool = m.make_page_pool(16, Generator::pages_needed(m, 16, requests));
-  EXPECT_TRUE(pool.ok());
-  Generator generator(m, *pool);
-  auto results = generator.generate(requests);
-  EXPECT_TRUE(results.ok()) << results.status().message();
-  return results.ok() ? *results : std::vector<GenerationResult>(requests.size());
-}
-
-struct EngineRun {
-  std::vector<EngineResult> results;  // by request id
-  RequestMetrics totals;
-  int64_t max_queued = 0;
-  int64_t steps = 0;
-};
-
-// Runs `requests` to completion. Pools of 0 pages are sized to hold every request at once.
-EngineRun run_engine(const LlamaModel& m, const EngineOptions& options, const std::vector<GenerationRequest>& requests,
-                     int64_t device_pages = 0, int64_t host_pages = 0) {
-  const auto all = DraftVerifyEngine::pages_for_requests(m, options, 16, 16, requests);
-  auto device = m.make_page_pool(16, device_pages > 0 ? device_pages : all.device);
-  auto host = m.make_page_pool(16, host_pages > 0 ? host_pages : all.host);
-  EXPECT_TRUE(device.ok() && host.ok());
-  EngineRun run;
-  {
-    DraftVerifyEngine engine(m, *device, *host, options);
-    for (const auto& r : requests) EXPECT_TRUE(engine.add_request(r).ok());
-    while (!engine.idle()) {
-      const Status s = engine.step();
-      EXPECT_TRUE(s.ok()) << s.message();
-      if (!s.ok()) break;
-      run.max_queued = std::max(run.max_queued, engine.queued());
-      ++run.steps;
-    }
-    run.results = engine.take_finished();
-    run.totals = engine.totals();
-  }
-  std::sort(run.results.begin(), run.results.end(),
-            [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
-  EXPECT_EQ(device->num_free(), device->num_pages()) << "pages leaked";
-  EXPECT_EQ(host->num_free(), host->num_pages()) << "pages leaked";
-  return run;
-}
-
-// Every request's tokens and finish reason equal the reference's.
-void expect_identical(const EngineRun& run, const std::vector<GenerationResult>& reference, const std::string& label) {
-  ASSERT_EQ(run.results.size(), reference.size()) << label;
-  for (size_t i = 0; i < reference.size(); ++i) {
-    const auto& got = run.results[i].generation;
-    EXPECT_EQ(got.tokens, reference[i].tokens) << label << ", request " << i;
-    EXPECT_EQ(got.finish, reference[i].finish) << label << ", request " << i;
-  }
 }
 
 std::shared_ptr<Compressor> plugin(const std::string& name) {
@@ -185,38 +136,12 @@ TEST(Lossless, LongPrompts) {
   }
 }
 
-// Qwen2.5-Coder 0.5B (qwen2): two medium prompts and one of 2K+ tokens in one batch, every offline
-// plugin at c = 0.25 with x = 4 and 16: every request identical to full-KV decoding. (KVzap needs a
-// surrogate trained for this model; it is not bundled yet.)
-TEST(Lossless, Qwen2EveryOfflinePlugin) {
+// Qwen2.5-Coder 0.5B (qwen2): two medium prompts and one of 2K+ tokens in one batch, every plugin
+// at c = 0.25 with x = 4 and 16: every request identical to full-KV decoding.
+TEST(Lossless, Qwen2EveryPlugin) {
   const LlamaModel* m = testing::qwen_model();
   ASSERT_NE(m, nullptr);
-  const auto j = nlohmann::json::parse(testing::read_file(testing::source_path("datasets/lossless_prompts/prompts.json")));
-  std::vector<GenerationRequest> requests;
-  for (int i : {0, 3, 40}) {
-    const auto& p = j.at("prompts")[i];
-    GenerationRequest r;
-    r.prompt = testing::prompt_ids(*m, p.at("text"), p.at("chat"));
-    r.max_new_tokens = 24;
-    requests.push_back(std::move(r));
-  }
-  ASSERT_GE(requests[2].prompt.size(), 2000u);
-  const std::vector<GenerationResult> reference = full_kv(*m, requests);
-  for (const std::string name : {"snapkv", "expected_attention", "kvzip"}) {
-    auto compressor = testing::bundled_compressor(name, testing::params_for(name), *m);
-    ASSERT_NE(compressor, nullptr);
-    for (int64_t x : {4, 16}) {
-      EngineOptions options;
-      options.compressor = compressor.get();
-      options.ratio = 0.25;
-      options.draft_length = x;
-      const EngineRun run = run_engine(*m, options, requests);
-      expect_identical(run, reference, name + " on Qwen2.5-Coder 0.5B, x = " + std::to_string(x));
-      for (const EngineResult& r : run.results) EXPECT_EQ(r.compressor_failure, "") << name;
-      std::printf("qwen2 %-20s x = %2lld: acceptance %.3f, mean acceptance length %.2f\n", name.c_str(),
-                  static_cast<long long>(x), run.totals.acceptance_rate(), run.totals.mean_acceptance_length());
-    }
-  }
+  testing::expect_every_plugin_lossless(*m, "Qwen2.5-Coder 0.5B", {4, 16});
 }
 
 TEST(Engine, SmallPoolMakesRequestsWaitNotFail) {

@@ -53,6 +53,11 @@ TEST(Hardening, EveryCommandChecksNumbersTheSameWay) {
       {"bench-engine --ratio nan", "vericache bench-engine: --ratio must be in (0, 1], got nan"},
       {"bench-engine --page-size 0", "vericache bench-engine: --page-size must be a multiple of 16 in [16, 4096], got 0"},
       {"bench-engine --draft-lengths 300", "vericache bench-engine: --draft-lengths: 300 is larger than 256"},
+      {"bench-acceptance --ratios 0.25,0", "vericache bench-acceptance: --ratios: '0' is not a kept fraction in (0, 1]"},
+      {"bench-acceptance --ratios 0.25,x", "vericache bench-acceptance: --ratios: 'x' is not a kept fraction in (0, 1]"},
+      {"bench-acceptance --ratios 1.5", "vericache bench-acceptance: --ratios: '1.5' is not a kept fraction in (0, 1]"},
+      {"bench-acceptance -x 0", "vericache bench-acceptance: --draft-length must be in [1, 256], got 0"},
+      {"bench-acceptance --decode-tokens 1", "vericache bench-acceptance: --decode-tokens must be in [2, 65536], got 1"},
       {"compress --compressor snapkv -p hi -c 0", "vericache compress: --ratio must be in (0, 1], got 0"},
       {"compress --compressor snapkv -p hi --threads -3", "vericache compress: --threads must be in [0, 1024], got -3"},
       {"train-kvzap --out w.json --ridge 0", "vericache train-kvzap: --ridge must be in (0, 1000000000], got 0"},
@@ -88,6 +93,22 @@ TEST(Hardening, BadPluginParametersExitWithTwo) {
        "context_start, keep_prefix, kvzip_plus, n_sink)"},
       {"generate -p hi --compressor snapkv --params '[1, 2]'",
        "vericache generate: plugins: snapkv: bad parameters: parameters must be a JSON object, got: [1, 2]"},
+  });
+}
+
+// The benchmarks check their compressor list and every context against the model before the first
+// prefill, so a bad one fails in seconds rather than after an hour of measuring.
+TEST(Hardening, BenchmarksCheckEverythingBeforeTheFirstPrefill) {
+  expect_usage_errors({
+      {"bench-acceptance --compressors snapkv --params kvzip='{}'",
+       "vericache bench-acceptance: --params names kvzip, which is not in --compressors snapkv"},
+      {"bench-engine --compressors , ", "vericache bench-engine: --compressors is empty"},
+      {"bench-acceptance --compressors snapkv --contexts 2048,8190",
+       "vericache bench-acceptance: context 8190 + 64 decode tokens + a verify window of 17 exceeds the model's "
+       "context of 8192 tokens"},
+      {"bench-engine --compressors snapkv --contexts 2048,8190",
+       "vericache bench-engine: context 8190 + 64 decode tokens + a verify window of 26 exceeds the model's context "
+       "of 8192 tokens"},
   });
 }
 

@@ -21,6 +21,12 @@ std::string default_model_path() { return model_path("SmolLM2-135M-Instruct.Q4_1
 
 std::string qwen_model_path() { return model_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"); }
 
+std::string qwen_1_5b_model_path() {
+  const std::string path = source_path(".models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+  if (!std::filesystem::exists(path)) ADD_FAILURE() << path << " is missing: run harness/setup.sh --with-qwen-1.5b";
+  return path;
+}
+
 namespace {
 
 // The model at `path`, loaded on first use and kept for the process; nullptr and a failed test
@@ -50,6 +56,12 @@ const LlamaModel* qwen_model() {
   static std::unique_ptr<LlamaModel> model;
   static Status status;
   return cached_model(&model, &status, qwen_model_path());
+}
+
+const LlamaModel* qwen_1_5b_model() {
+  static std::unique_ptr<LlamaModel> model;
+  static Status status;
+  return cached_model(&model, &status, qwen_1_5b_model_path());
 }
 
 std::string read_file(const std::string& path) {

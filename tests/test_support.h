@@ -18,6 +18,10 @@ std::string default_model_path();
 // per test process like default_model().
 std::string qwen_model_path();
 const LlamaModel* qwen_model();
+// Qwen2.5-Coder 1.5B Instruct, fetched by `harness/setup.sh --with-qwen-1.5b` (the `large` tests
+// only; CI does not fetch it); loaded once per test process.
+std::string qwen_1_5b_model_path();
+const LlamaModel* qwen_1_5b_model();
 // The default model, loaded once per test process; nullptr (and a failed test) when unavailable.
 const LlamaModel* default_model();
 // Token ids of a prompt as `vericache run` makes them: wrapped as a user message in the model's chat

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <optional>
 
 #include "model/chat_template.h"
 #include "model/gguf_file.h"
@@ -52,13 +53,38 @@ TEST(Tokenizer, CorpusMatchesReferenceTokenForToken) {
   expect_same_tokens(*tok, tok->encode(corpus, /*parse_special=*/false), expected);
 }
 
+// Qwen2.5-Coder's tokenizer and chat template, read from its GGUF without loading the weights
+// (seconds per test process otherwise); a failure is reported and gives nullopt.
+struct QwenText {
+  Tokenizer tokenizer;
+  ChatTemplate chat;
+};
+
+std::optional<QwenText> qwen_text() {
+  auto file = GgufFile::open(testing::qwen_model_path());
+  if (!file.ok()) {
+    ADD_FAILURE() << file.status().message();
+    return std::nullopt;
+  }
+  auto tok = Tokenizer::from_gguf(*file);
+  if (!tok.ok()) {
+    ADD_FAILURE() << tok.status().message();
+    return std::nullopt;
+  }
+  auto chat = ChatTemplate::from_gguf(*file);
+  if (!chat.ok()) {
+    ADD_FAILURE() << chat.status().message();
+    return std::nullopt;
+  }
+  return QwenText{std::move(*tok), std::move(*chat)};
+}
+
 // Qwen2's pre-tokenizer (single digits, letters with one leading non-letter, newline runs) against
 // the tokenizer transformers builds from the same GGUF.
 TEST(Tokenizer, QwenCorpusMatchesTransformers) {
-  auto file = GgufFile::open(testing::qwen_model_path());
-  ASSERT_TRUE(file.ok()) << file.status().message();
-  auto tok = Tokenizer::from_gguf(*file);
-  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  auto qwen = qwen_text();
+  ASSERT_TRUE(qwen.has_value());
+  const Tokenizer* tok = &qwen->tokenizer;
   EXPECT_EQ(tok->pre_tokenizer(), "qwen2");
   const std::string corpus = testing::read_file(source_path("datasets/tokenizer_corpus/corpus.txt"));
   const std::string raw = testing::read_file(source_path("tests/fixtures/reference/qwen_corpus_ids.u32"));
@@ -72,10 +98,9 @@ TEST(Tokenizer, QwenCorpusMatchesTransformers) {
 // Qwen2.5's template (attribute syntax, escaped newlines, a tools branch) renders as ChatML with its
 // default system message, as transformers' apply_chat_template does without tools.
 TEST(ChatTemplate, QwenTemplateRendersWithItsDefaultSystemMessage) {
-  auto file = GgufFile::open(testing::qwen_model_path());
-  ASSERT_TRUE(file.ok()) << file.status().message();
-  auto chat = ChatTemplate::from_gguf(*file);
-  ASSERT_TRUE(chat.ok()) << chat.status().message();
+  auto qwen = qwen_text();
+  ASSERT_TRUE(qwen.has_value());
+  const ChatTemplate* chat = &qwen->chat;
   EXPECT_EQ(chat->render({{"user", "hi"}}, true),
             "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");

@@ -77,7 +77,7 @@ class GgufParser {
       uint32_t type = 0;
       VC_RETURN_IF_ERROR(read_pod(&type, "type of metadata " + printable(key)));
       GgufValue value;
-      VC_RETURN_IF_ERROR(read_value(type, &value, key, 0));
+      VC_RETURN_IF_ERROR(read_value(type, &value, key, "value of metadata " + printable(key), 0));
       if (out->metadata_index_.count(key) != 0) return error("duplicate metadata key " + printable(key));
       out->metadata_index_[key] = out->metadata_.size();
       out->metadata_.emplace_back(std::move(key), std::move(value));
@@ -147,12 +147,13 @@ class GgufParser {
     return Status();
   }
 
-  Status read_value(uint32_t type, GgufValue* v, const std::string& key, int depth) {
+  // `what` names the value in error messages; it is built once per key because an array (the
+  // Qwen vocabulary) holds hundreds of thousands of elements.
+  Status read_value(uint32_t type, GgufValue* v, const std::string& key, const std::string& what, int depth) {
     if (!is_valid_value_type(type)) {
       return error("metadata " + printable(key) + " has unknown value type " + std::to_string(type));
     }
     v->type = static_cast<GgufValueType>(type);
-    const std::string what = "value of metadata " + printable(key);
     switch (v->type) {
       case GgufValueType::kUint8: return read_int<uint8_t, uint64_t>(v, what);
       case GgufValueType::kInt8: return read_int<int8_t, int64_t>(v, what);
@@ -201,7 +202,7 @@ class GgufParser {
         v->element_type = static_cast<GgufValueType>(element_type);
         GgufArray items(count);
         for (uint64_t i = 0; i < count; ++i) {
-          VC_RETURN_IF_ERROR(read_value(element_type, &items[i], key, depth + 1));
+          VC_RETURN_IF_ERROR(read_value(element_type, &items[i], key, what, depth + 1));
         }
         v->data = std::move(items);
         return Status();

@@ -37,6 +37,9 @@ from results_file import check_destination, write_atomically
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGED = os.path.join(ROOT, ".models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 F32_COPY = os.path.join(ROOT, ".cache", "SmolLM2-135M-Instruct.F32.gguf")
+# Other embedded models, packaged file only (an F32 copy of the 1.5B model would be 6 GB).
+MODELS = {"qwen2.5-coder-0.5b": ("Qwen2.5-Coder-0.5B-Instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+          "qwen2.5-coder-1.5b": ("Qwen2.5-Coder-1.5B-Instruct", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")}
 CORPUS = os.path.join(ROOT, "datasets", "tokenizer_corpus", "corpus.txt")
 VERICACHE = os.path.join(ROOT, "build", "vericache")
 
@@ -154,25 +157,49 @@ class LlamaCpp:
                 "threads": self.threads, "kv_dtype": {0: "f32", 1: "f16"}[kv_type], "flash_attn": fa}
 
 
+WEIGHTS_NOTE_SMOLLM2 = [
+    "- VeriCache computes in float32 with an f32 KV cache; Q4_1 / Q8_0 weights stay in their blocks and are",
+    "  dequantized on the fly into exactly the floats of the F32 file, so both files give the same logits.",
+    "  llama.cpp computes on the file's own types (Q4_1 with its default F16 KV cache and Q8_1-quantized",
+    "  activations; F32 with an F32 KV cache).",
+]
+WEIGHTS_NOTE_QWEN = [
+    "- VeriCache computes in float32 with an f32 KV cache; Q4_K / Q5_0 / Q6_K weights are dequantized to",
+    "  float32 when the model loads (4x the bytes of the file to read per decode step), Q8_0 stays in blocks.",
+    "  llama.cpp computes on the file's own types with its default F16 KV cache.",
+]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--contexts", default="512,2048,8160", help="prompt lengths; 8160 + 32 decode steps fills the 8K context")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--out", default=os.path.join(ROOT, "results", "bench_cpu_smollm2"))
+    ap.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m"] + sorted(MODELS),
+                    help="smollm2-135m: its packaged Q4_1 file and an F32 copy; a Qwen model: its packaged Q4_K_M file")
+    ap.add_argument("--out", help="output prefix (default results/bench_cpu_<model>)")
     args = ap.parse_args()
+    if args.out is None:
+        suffix = "smollm2" if args.model == "smollm2-135m" else args.model.replace("qwen2.5-coder-", "qwen_coder_")
+        args.out = os.path.join(ROOT, "results", f"bench_cpu_{suffix}")
     check_destination(args.out + ".md")
     contexts = [int(c) for c in args.contexts.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
 
     import importlib.metadata as md
     import llama_cpp
-    make_f32_copy(PACKAGED, F32_COPY)
+    if args.model == "smollm2-135m":
+        title = "SmolLM2-135M-Instruct"
+        make_f32_copy(PACKAGED, F32_COPY)
+        files = (("Q4_1 (packaged)", PACKAGED, 1), ("F32 (equal precision)", F32_COPY, 0))
+    else:
+        title, name = MODELS[args.model]
+        files = (("Q4_K_M (packaged)", os.path.join(ROOT, ".models", name), 1),)
     text = open(CORPUS, encoding="utf-8", newline="").read()
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     rows = []
-    for label, path, kv_type in (("Q4_1 (packaged)", PACKAGED, 1), ("F32 (equal precision)", F32_COPY, 0)):
+    for label, path, kv_type in files:
         peer = LlamaCpp(path, args.threads)
         corpus = peer.tokenize(text)
         for context in contexts:
@@ -194,15 +221,12 @@ def main():
             "python": platform.python_version()}
     write_atomically(args.out + ".json", json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [
-        "# CPU throughput: VeriCache vs llama.cpp, SmolLM2-135M-Instruct",
+        f"# CPU throughput: VeriCache vs llama.cpp, {title}",
         "",
         f"- command: `{meta['command']}` at commit `{commit}` ({meta['date']})",
         f"- machine: {cpu}, {meta['cores']} cores, {args.threads} threads for both engines",
         f"- llama.cpp: llama-cpp-python {meta['llama_cpp_python']} ({meta['llama_cpp_system_info']})",
-        "- VeriCache computes in float32 with an f32 KV cache; Q4_1 / Q8_0 weights stay in their blocks and are",
-        "  dequantized on the fly into exactly the floats of the F32 file, so both files give the same logits.",
-        "  llama.cpp computes on the file's own types (Q4_1 with its default F16 KV cache and Q8_1-quantized",
-        "  activations; F32 with an F32 KV cache).",
+    ] + (WEIGHTS_NOTE_SMOLLM2 if args.model == "smollm2-135m" else WEIGHTS_NOTE_QWEN) + [
         f"- prefill: B requests of C prompt tokens; decode: {args.decode_tokens - 1} steps of one token per request.",
         "",
         "| weights | context | batch | prefill tok/s ours | llama.cpp | ratio | decode tok/s ours | llama.cpp | ratio | ms/step ours | llama.cpp |",

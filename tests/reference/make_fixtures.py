@@ -21,9 +21,14 @@ Every fixture comes from an implementation independent of ours, run on the same 
                tests/fixtures/reference/qwen_corpus_ids.u32 ids of corpus.txt
                tests/fixtures/reference/qwen_logits.json    8 prompts (2 of 8K+ characters), 32-token
                                                              greedy continuations
+  qwen_1_5b  the same prompts for Qwen2.5-Coder 1.5B (setup.sh --with-qwen-1.5b):
+               tests/fixtures/reference/qwen_1.5b_logits.json
+  qwen_long  Qwen2.5-Coder 0.5B and 1.5B on one 8,200+-token prompt (the opening of corpus.txt):
+               tests/fixtures/reference/qwen_long_0.5b.json, qwen_long_1.5b.json: logits, 16-token
+                                                             greedy continuation
 Run from the repository root with the project venv after harness/setup.sh:
   .venv/bin/pip install transformers==5.24.0 tokenizers==0.23.3 gguf==0.19.0 accelerate==1.15.0 llama-cpp-python==0.3.36
-  .venv/bin/python tests/reference/make_fixtures.py [gguf] [tokenizer] [logits]
+  .venv/bin/python tests/reference/make_fixtures.py [gguf] [tokenizer] [logits] [qwen] [qwen_1_5b] [qwen_long]
 """
 import hashlib
 import json
@@ -40,6 +45,7 @@ MODELS = os.path.join(ROOT, ".models")
 SMOLLM = os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf")
 GEMMA = os.path.join(MODELS, "gemma-3-270m-q4_k_m.gguf")
 QWEN = os.path.join(MODELS, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+QWEN_1_5B = os.path.join(MODELS, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")  # setup.sh --with-qwen-1.5b
 CORPUS = os.path.join(ROOT, "datasets", "tokenizer_corpus", "corpus.txt")
 PROMPTS = os.path.join(ROOT, "datasets", "reference_prompts", "prompts.json")
 
@@ -234,20 +240,16 @@ def make_logits():
 QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 
-def make_qwen():
-    """Qwen2.5-Coder 0.5B: the tokenizer transformers builds from the GGUF on the whole corpus, and
-    logits / greedy continuations for the first prompts of datasets/reference_prompts (Qwen's
-    ChatML with its default system message)."""
+def qwen_reference(path, out_name):
+    """Logits / greedy continuations of one Qwen2.5-Coder file for the first prompts of
+    datasets/reference_prompts (Qwen's ChatML with its default system message), written to
+    tests/fixtures/reference/`out_name`; returns transformers' tokenizer of the file."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
-    name = os.path.basename(QWEN)
+    name = os.path.basename(path)
     tk = AutoTokenizer.from_pretrained(MODELS, gguf_file=name)
-    text = open(CORPUS, encoding="utf-8", newline="").read()
-    corpus_ids = tk(text, add_special_tokens=False)["input_ids"]
-    out_dir = os.path.join(FIXTURES, "reference")
-    np.asarray(corpus_ids, dtype="<u4").tofile(os.path.join(out_dir, "qwen_corpus_ids.u32"))
     model = AutoModelForCausalLM.from_pretrained(MODELS, gguf_file=name, dtype=torch.float32)
     model.eval()
     eos = [151645, 151643]  # <|im_end|>, <|endoftext|>
@@ -259,20 +261,91 @@ def make_qwen():
                 "<|im_start|>assistant\n") if p["chat"] else p["text"]
         ids = tk(text, add_special_tokens=False)["input_ids"]
         cases.append(reference_case(model, p["name"], text, ids, eos, pad=151643, max_new_tokens=32))
-    with open(os.path.join(out_dir, "qwen_logits.json"), "w") as f:
+    with open(os.path.join(FIXTURES, "reference", out_name), "w") as f:
         json.dump({"tool": "transformers AutoModelForCausalLM / AutoTokenizer .from_pretrained(gguf_file=..., "
                            "dtype=float32), greedy generate with KV cache",
-                   "model": name, "model_sha256": sha256(QWEN), "corpus_tokens": len(corpus_ids),
-                   "corpus_ids": "qwen_corpus_ids.u32 (uint32 little-endian, add_special_tokens=False)",
+                   "model": name, "model_sha256": sha256(path),
                    "versions": versions("transformers", "torch", "tokenizers", "gguf"),
                    "eos_ids": eos, "max_new_tokens": 32, "cases": cases}, f)
+    return tk
+
+
+def make_qwen():
+    """Qwen2.5-Coder 0.5B: the tokenizer transformers builds from the GGUF on the whole corpus, and
+    the reference prompts (qwen_reference)."""
+    tk = qwen_reference(QWEN, "qwen_logits.json")
+    text = open(CORPUS, encoding="utf-8", newline="").read()
+    corpus_ids = tk(text, add_special_tokens=False)["input_ids"]
+    np.asarray(corpus_ids, dtype="<u4").tofile(os.path.join(FIXTURES, "reference", "qwen_corpus_ids.u32"))
+    path = os.path.join(FIXTURES, "reference", "qwen_logits.json")
+    fixture = json.load(open(path, encoding="utf-8"))
+    fixture.update({"corpus_tokens": len(corpus_ids),
+                    "corpus_ids": "qwen_corpus_ids.u32 (uint32 little-endian, add_special_tokens=False)"})
+    with open(path, "w") as f:
+        json.dump(fixture, f)
     print("qwen fixtures written", file=sys.stderr)
 
 
+def make_qwen_1_5b():
+    """Qwen2.5-Coder 1.5B (same tokenizer as 0.5B): the reference prompts (qwen_reference)."""
+    qwen_reference(QWEN_1_5B, "qwen_1.5b_logits.json")
+    print("qwen 1.5b fixtures written", file=sys.stderr)
+
+
+QWEN_LONG_TOKENS = 8200  # at least this many prompt tokens: past SmolLM2's whole 8K context
+
+
+def make_qwen_long():
+    """Qwen2.5-Coder 0.5B and 1.5B on one prompt of 8K+ tokens: the opening of corpus.txt (raw text,
+    no template), cut at a line end once it holds QWEN_LONG_TOKENS tokens. One forward gives the
+    logits after the prompt (generate's first-step logits) and a 16-token greedy continuation."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count() or 1)
+    corpus = open(CORPUS, encoding="utf-8", newline="").read()
+    eos = [151645, 151643]
+    for size, path in (("0.5b", QWEN), ("1.5b", QWEN_1_5B)):
+        name = os.path.basename(path)
+        tk = AutoTokenizer.from_pretrained(MODELS, gguf_file=name)
+        end = 0
+        while True:
+            end = corpus.index("\n", end + 4096) + 1
+            text = corpus[:end]
+            ids = tk(text, add_special_tokens=False)["input_ids"]
+            if len(ids) >= QWEN_LONG_TOKENS:
+                break
+        model = AutoModelForCausalLM.from_pretrained(MODELS, gguf_file=name, dtype=torch.float32)
+        model.eval()
+        start = time.time()
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, eos_token_id=eos,
+                                 pad_token_id=151643, attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 output_logits=True, return_dict_in_generate=True)
+        logits = out.logits[0][0].float()
+        cont = out.sequences[0, len(ids):].tolist()
+        while cont and cont[-1] in eos:
+            cont.pop()
+        top = torch.topk(logits, 64)
+        print(f"qwen {size} long: {len(ids)} prompt tokens, {len(cont)} generated, {time.time() - start:.1f}s",
+              file=sys.stderr)
+        case = {"name": f"corpus_{len(ids)}_tokens", "text": text, "ids": ids, "top_ids": top.indices.tolist(),
+                "top_logits": top.values.tolist(), "stride": 64, "strided_logits": logits[::64].tolist(),
+                "greedy_continuation": cont}
+        with open(os.path.join(FIXTURES, "reference", f"qwen_long_{size}.json"), "w") as f:
+            json.dump({"tool": "transformers AutoModelForCausalLM / AutoTokenizer .from_pretrained(gguf_file=..., "
+                               "dtype=float32), greedy generate with KV cache; logits = generate's first step",
+                       "model": name, "model_sha256": sha256(path),
+                       "versions": versions("transformers", "torch", "tokenizers", "gguf"),
+                       "eos_ids": eos, "max_new_tokens": 16, "cases": [case]}, f)
+        del model
+
+
 def main():
-    parts = sys.argv[1:] or ["gguf", "tokenizer", "logits", "qwen"]
+    parts = sys.argv[1:] or ["gguf", "tokenizer", "logits", "qwen", "qwen_1_5b", "qwen_long"]
     for part in parts:
-        {"gguf": make_gguf, "tokenizer": make_tokenizer, "logits": make_logits, "qwen": make_qwen}[part]()
+        {"gguf": make_gguf, "tokenizer": make_tokenizer, "logits": make_logits, "qwen": make_qwen,
+         "qwen_1_5b": make_qwen_1_5b, "qwen_long": make_qwen_long}[part]()
 
 
 if __name__ == "__main__":

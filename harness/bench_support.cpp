@@ -1,0 +1,103 @@
+#include "bench_support.h"
+
+#include <chrono>
+#include <map>
+#include <numeric>
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+#include "cli_common.h"
+#include "engine/compression.h"
+#include "util/mapped_file.h"
+
+namespace vericache::cli {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Result<std::vector<std::shared_ptr<Compressor>>> load_offline_compressors(const std::string& names,
+                                                                          const std::vector<std::string>& params,
+                                                                          const LlamaModel& model) {
+  std::vector<std::string> list;
+  std::stringstream ss(names);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) list.push_back(item);
+  }
+  if (list.empty()) return Status::invalid_argument("--compressors is empty");
+  std::map<std::string, std::string> json;
+  for (const std::string& p : params) {
+    const size_t eq = p.find('=');
+    if (eq == std::string::npos || eq == 0) return Status::invalid_argument("--params must be NAME=JSON, got '" + p + "'");
+    const std::string name = p.substr(0, eq);
+    if (std::find(list.begin(), list.end(), name) == list.end()) {
+      return Status::invalid_argument("--params names " + name + ", which is not in --compressors " + names);
+    }
+    json[name] = p.substr(eq + 1);
+  }
+  std::vector<std::shared_ptr<Compressor>> out;
+  for (const std::string& name : list) {
+    VC_ASSIGN_OR_RETURN(std::shared_ptr<Compressor> c,
+                        load_compressor_for(name, json.count(name) ? json[name] : "{}", {}, model));
+    if (c->mode() != CompressionMode::kOffline) {
+      return Status::invalid_argument(name + " is an online compressor; this benchmark compresses once after prefill");
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_file, int64_t longest_context) {
+  VC_ASSIGN_OR_RETURN(MappedFile file, MappedFile::open(text_file));
+  const std::string text(reinterpret_cast<const char*>(file.data()), file.size());
+  std::vector<int32_t> corpus = model.tokenizer().encode(text, false);
+  if (static_cast<int64_t>(corpus.size()) < longest_context) {
+    return Status::invalid_argument(text_file + " has " + std::to_string(corpus.size()) +
+                                    " tokens, fewer than the context " + std::to_string(longest_context));
+  }
+  return corpus;
+}
+
+Result<std::vector<int32_t>> bench_prompt(const LlamaModel& model, const std::vector<int32_t>& corpus, int64_t context,
+                                          const std::string& question) {
+  if (question.empty()) return std::vector<int32_t>(corpus.begin(), corpus.begin() + context);
+  const auto text_of = [&](int64_t n) {
+    return question + "\n\n" + model.tokenizer().decode(std::span(corpus).first(n), false);
+  };
+  VC_ASSIGN_OR_RETURN(std::vector<int32_t> whole, prompt_tokens(model, text_of(context), false, ""));
+  const int64_t overhead = static_cast<int64_t>(whole.size()) - context;  // template and question
+  if (overhead >= context) {
+    return Status::invalid_argument("the question and chat template take " + std::to_string(overhead) +
+                                    " tokens, more than the context " + std::to_string(context));
+  }
+  return prompt_tokens(model, text_of(context - overhead), false, "");
+}
+
+Status prefill_observed(const LlamaModel& model, PagePool& pool, SequenceKv& kv, std::span<const int32_t> prompt,
+                        int64_t chunk, std::span<const std::shared_ptr<Compressor>> compressors, double ratio,
+                        std::vector<float>* next_logits) {
+  const auto n = static_cast<int64_t>(prompt.size());
+  const std::vector<double> ratios{ratio};
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    const int64_t count = std::min(chunk, n - begin);
+    std::vector<int32_t> positions(count);
+    std::iota(positions.begin(), positions.end(), static_cast<int32_t>(begin));
+    const ForwardItem item{prompt.subspan(begin, count), positions, &kv, &pool, LogitRows::kLast, 0};
+    std::vector<std::vector<LayerDrops>> drops(compressors.size());
+    std::vector<LayerObserver> observers;
+    for (size_t c = 0; c < compressors.size(); ++c) {
+      observers.push_back(compression_observer(*compressors[c], ratios, &drops[c]));
+    }
+    at::Tensor logits;
+    VC_RETURN_IF_ERROR(model.forward(std::span(&item, 1), &logits, [&](const LayerActivations& acts) {
+      for (const LayerObserver& o : observers) VC_RETURN_IF_ERROR(o(acts));
+      return Status();
+    }));
+    const float* row = logits[0].data_ptr<float>();
+    next_logits->assign(row, row + model.config().vocab_size);
+  }
+  return Status();
+}
+
+}  // namespace vericache::cli

@@ -1,0 +1,51 @@
+// What the benchmark subcommands (bench-engine, bench-acceptance) share: the compressor list, the
+// prompt text, and one prefill per context that every compressor observes.
+//
+// Ownership: everything is borrowed for the call. Thread-safety: the engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <vericache/compressor.h>
+#include <vericache/status.h>
+
+#include "kv/page_pool.h"
+#include "kv/sequence_kv.h"
+#include "model/llama_model.h"
+
+namespace vericache::cli {
+
+// Seconds on the steady clock.
+double now_seconds();
+
+// Loads each comma-separated name of `names` with its NAME=JSON entry of `params` ({} when it has
+// none) and attaches it to `model`. InvalidArgument for an empty list, a malformed NAME=JSON, an
+// entry for a compressor not in the list, or an online compressor (the benchmarks compress once
+// after the prefill); a plugin's own refusal is returned as it is.
+Result<std::vector<std::shared_ptr<Compressor>>> load_offline_compressors(const std::string& names,
+                                                                          const std::vector<std::string>& params,
+                                                                          const LlamaModel& model);
+
+// The token ids of `text_file` (no chat template, no BOS); the prompt of context C is its first C
+// tokens. InvalidArgument when the file holds fewer than `longest_context` tokens.
+Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_file, int64_t longest_context);
+
+// The prompt of context `context` cut from `corpus`: its first `context` tokens when `question` is
+// empty; otherwise a chat-template user message "<question>\n\n<text>" whose text is the opening of
+// the corpus cut so that the whole prompt holds about `context` tokens (re-tokenizing the cut text
+// can move the count by a token or two).
+Result<std::vector<int32_t>> bench_prompt(const LlamaModel& model, const std::vector<int32_t>& corpus, int64_t context,
+                                          const std::string& question);
+
+// Prefills `prompt` into the empty `kv` in forwards of `chunk` tokens, every layer of each handed to
+// every compressor's update() (drops are ignored: offline compressors return none). `next_logits`
+// receives the logits after the prompt (vocab_size floats).
+Status prefill_observed(const LlamaModel& model, PagePool& pool, SequenceKv& kv, std::span<const int32_t> prompt,
+                        int64_t chunk, std::span<const std::shared_ptr<Compressor>> compressors, double ratio,
+                        std::vector<float>* next_logits);
+
+}  // namespace vericache::cli

@@ -1,0 +1,89 @@
+#include "engine_support.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "compression_support.h"
+#include "test_support.h"
+
+namespace vericache::testing {
+
+std::vector<GenerationResult> full_kv(const LlamaModel& m, const std::vector<GenerationRequest>& requests) {
+  auto pool = m.make_page_pool(16, Generator::pages_needed(m, 16, requests));
+  EXPECT_TRUE(pool.ok());
+  Generator generator(m, *pool);
+  auto results = generator.generate(requests);
+  EXPECT_TRUE(results.ok()) << results.status().message();
+  return results.ok() ? *results : std::vector<GenerationResult>(requests.size());
+}
+
+EngineRun run_engine(const LlamaModel& m, const EngineOptions& options, const std::vector<GenerationRequest>& requests,
+                     int64_t device_pages, int64_t host_pages) {
+  const auto all = DraftVerifyEngine::pages_for_requests(m, options, 16, 16, requests);
+  auto device = m.make_page_pool(16, device_pages > 0 ? device_pages : all.device);
+  auto host = m.make_page_pool(16, host_pages > 0 ? host_pages : all.host);
+  EXPECT_TRUE(device.ok() && host.ok());
+  EngineRun run;
+  {
+    DraftVerifyEngine engine(m, *device, *host, options);
+    for (const auto& r : requests) EXPECT_TRUE(engine.add_request(r).ok());
+    while (!engine.idle()) {
+      const Status s = engine.step();
+      EXPECT_TRUE(s.ok()) << s.message();
+      if (!s.ok()) break;
+      run.max_queued = std::max(run.max_queued, engine.queued());
+      ++run.steps;
+    }
+    run.results = engine.take_finished();
+    run.totals = engine.totals();
+  }
+  std::sort(run.results.begin(), run.results.end(),
+            [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
+  EXPECT_EQ(device->num_free(), device->num_pages()) << "pages leaked";
+  EXPECT_EQ(host->num_free(), host->num_pages()) << "pages leaked";
+  return run;
+}
+
+void expect_identical(const EngineRun& run, const std::vector<GenerationResult>& reference, const std::string& label) {
+  ASSERT_EQ(run.results.size(), reference.size()) << label;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    const auto& got = run.results[i].generation;
+    EXPECT_EQ(got.tokens, reference[i].tokens) << label << ", request " << i;
+    EXPECT_EQ(got.finish, reference[i].finish) << label << ", request " << i;
+  }
+}
+
+void expect_every_plugin_lossless(const LlamaModel& m, const std::string& model_label,
+                                          const std::vector<int64_t>& xs) {
+  const auto j = nlohmann::json::parse(read_file(source_path("datasets/lossless_prompts/prompts.json")));
+  std::vector<GenerationRequest> requests;
+  for (int i : {0, 3, 40}) {
+    const auto& p = j.at("prompts")[i];
+    GenerationRequest r;
+    r.prompt = prompt_ids(m, p.at("text"), p.at("chat"));
+    r.max_new_tokens = 24;
+    requests.push_back(std::move(r));
+  }
+  ASSERT_GE(requests[2].prompt.size(), 2000u);
+  const std::vector<GenerationResult> reference = full_kv(m, requests);
+  for (const std::string name : {"snapkv", "expected_attention", "kvzip", "kvzap"}) {
+    auto compressor = bundled_compressor(name, params_for(name, m.path()), m);
+    ASSERT_NE(compressor, nullptr);
+    for (int64_t x : xs) {
+      EngineOptions options;
+      options.compressor = compressor.get();
+      options.ratio = 0.25;
+      options.draft_length = x;
+      const EngineRun run = run_engine(m, options, requests);
+      expect_identical(run, reference, name + " on " + model_label + ", x = " + std::to_string(x));
+      for (const EngineResult& r : run.results) EXPECT_EQ(r.compressor_failure, "") << name;
+      std::printf("%s %-20s x = %2lld: acceptance %.3f, mean acceptance length %.2f\n", model_label.c_str(), name.c_str(),
+                  static_cast<long long>(x), run.totals.acceptance_rate(), run.totals.mean_acceptance_length());
+    }
+  }
+}
+
+}  // namespace vericache::testing
