@@ -168,14 +168,8 @@ int run_bench_acceptance(int argc, char** argv) {
   const int64_t layers = m.config().n_layers;
   auto compressors = load_offline_compressors(compressors_arg, params_args, m);
   if (!compressors.ok()) return report_status("bench-acceptance", compressors.status());
-  for (int64_t context : contexts) {
-    if (context + decode_tokens + draft_length + 1 > m.config().context_length) {
-      return report_usage_error("bench-acceptance",
-                                "context " + std::to_string(context) + " + " + std::to_string(decode_tokens) +
-                                    " decode tokens + a verify window of " + std::to_string(draft_length + 1) +
-                                    " exceeds the model's context of " + std::to_string(m.config().context_length) +
-                                    " tokens");
-    }
+  if (Status s = check_contexts_fit(m, contexts, decode_tokens, draft_length + 1); !s.ok()) {
+    return report_status("bench-acceptance", s);
   }
   auto corpus = bench_corpus(m, text_file, *std::max_element(contexts.begin(), contexts.end()));
   if (!corpus.ok()) return report_status("bench-acceptance", corpus.status());

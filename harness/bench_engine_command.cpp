@@ -100,14 +100,8 @@ int run_bench_engine(int argc, char** argv) {
   if (!compressors.ok()) return report_status("bench-engine", compressors.status());
   // Every context is checked before the first one runs, so a bad one fails in seconds, not after hours.
   const int64_t longest_x = *std::max_element(drafts.begin(), drafts.end());
-  for (int64_t context : contexts) {
-    if (context + decode_tokens + longest_x + 1 > m.config().context_length) {
-      return report_usage_error("bench-engine", "context " + std::to_string(context) + " + " +
-                                                    std::to_string(decode_tokens) +
-                                                    " decode tokens + a verify window of " +
-                                                    std::to_string(longest_x + 1) + " exceeds the model's context of " +
-                                                    std::to_string(m.config().context_length) + " tokens");
-    }
+  if (Status s = check_contexts_fit(m, contexts, decode_tokens, longest_x + 1); !s.ok()) {
+    return report_status("bench-engine", s);
   }
   auto corpus = bench_corpus(m, text_file, *std::max_element(contexts.begin(), contexts.end()));
   if (!corpus.ok()) return report_status("bench-engine", corpus.status());

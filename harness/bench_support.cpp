@@ -48,6 +48,19 @@ Result<std::vector<std::shared_ptr<Compressor>>> load_offline_compressors(const 
   return out;
 }
 
+Status check_contexts_fit(const LlamaModel& model, const std::vector<int64_t>& contexts, int64_t decode_tokens,
+                          int64_t window) {
+  const int64_t limit = model.config().context_length;
+  for (int64_t context : contexts) {
+    if (context + decode_tokens + window > limit) {
+      return Status::invalid_argument("context " + std::to_string(context) + " + " + std::to_string(decode_tokens) +
+                                      " decode tokens + a verify window of " + std::to_string(window) +
+                                      " exceeds the model's context of " + std::to_string(limit) + " tokens");
+    }
+  }
+  return Status();
+}
+
 Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_file, int64_t longest_context) {
   VC_ASSIGN_OR_RETURN(MappedFile file, MappedFile::open(text_file));
   const std::string text(reinterpret_cast<const char*>(file.data()), file.size());

@@ -30,6 +30,11 @@ Result<std::vector<std::shared_ptr<Compressor>>> load_offline_compressors(const 
                                                                           const std::vector<std::string>& params,
                                                                           const LlamaModel& model);
 
+// InvalidArgument naming the first context C of `contexts` for which C + `decode_tokens` + a verify
+// window of `window` tokens does not fit in the model's context.
+Status check_contexts_fit(const LlamaModel& model, const std::vector<int64_t>& contexts, int64_t decode_tokens,
+                          int64_t window);
+
 // The token ids of `text_file` (no chat template, no BOS); the prompt of context C is its first C
 // tokens. InvalidArgument when the file holds fewer than `longest_context` tokens.
 Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_file, int64_t longest_context);
