@@ -20,13 +20,13 @@ namespace vericache::cpu {
 // How a weight matrix [n][k] is stored. Quantized rows are ggml blocks (model/ggml_dequant.h); the
 // kernels dequantize them on the fly into exactly the floats ggml_dequant produces, so a linear
 // over quantized weights gives the same bits as over their float32 dequantization.
-enum class WeightFormat { kF32, kQ8_0, kQ4_0, kQ4_1 };
+enum class WeightFormat { kF32, kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ4_K, kQ6_K };
 
 struct WeightView {
   WeightFormat format = WeightFormat::kF32;
   const void* data = nullptr;  // row r at data + r * row_bytes
   int64_t n = 0;               // rows (output features)
-  int64_t k = 0;               // columns (input features); a multiple of 32 for quantized formats
+  int64_t k = 0;               // columns (input features); a multiple of the format's block (32, or 256 for K-quants)
   int64_t row_bytes = 0;
 };
 

@@ -51,6 +51,9 @@ std::optional<cpu::WeightFormat> kernel_format(GgmlType type) {
     case GgmlType::kQ8_0: return cpu::WeightFormat::kQ8_0;
     case GgmlType::kQ4_0: return cpu::WeightFormat::kQ4_0;
     case GgmlType::kQ4_1: return cpu::WeightFormat::kQ4_1;
+    case GgmlType::kQ5_0: return cpu::WeightFormat::kQ5_0;
+    case GgmlType::kQ4_K: return cpu::WeightFormat::kQ4_K;
+    case GgmlType::kQ6_K: return cpu::WeightFormat::kQ6_K;
     default: return std::nullopt;
   }
 }
@@ -105,6 +108,11 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& path, co
   model->kernels_ = &cpu::best_kernels();
   model->fingerprint_ = model->compute_fingerprint();
   VC_RETURN_IF_ERROR(model->place_weights());
+  auto bytes = [](const Weight& w) { return static_cast<int64_t>(w.tensor.nbytes()); };
+  model->matrix_bytes_ = bytes(model->token_embedding_) + (model->tied_embeddings_ ? 0 : bytes(model->output_));
+  for (const Layer& L : model->layers_) {
+    model->matrix_bytes_ += bytes(L.wqkv) + bytes(L.wo) + bytes(L.w_gate_up) + bytes(L.w_down);
+  }
   return model;
 }
 
