@@ -152,15 +152,15 @@ TEST(ForwardInvariance, PortableAndAvx512KernelsAgreeBitwise) {
 }
 
 // Weights kept in their ggml blocks and dequantized on the fly give the same bits as weights
-// dequantized to float32 at load, for decode-sized and prefill-sized forwards; and the blocks take
-// at most `max_fraction` of the float32 bytes (so the kernels really read them in place).
+// dequantized to float32 at load, for decode-sized and prefill-sized forwards; and a decode step
+// reads at most `max_fraction` of the float32 bytes (so the kernels really read blocks in place).
 void expect_quantized_equals_dequantized(const LlamaModel* blocks, const std::string& path, double max_fraction) {
   ASSERT_NE(blocks, nullptr);
   auto floats = LlamaModel::load(path, LoadOptions{at::kCPU, at::kFloat, false});
   ASSERT_TRUE(floats.ok());
-  const double fraction = static_cast<double>(blocks->matrix_bytes()) / static_cast<double>((*floats)->matrix_bytes());
-  std::printf("[ %s ] weight matrices in blocks: %.1f MB, %.3f of float32\n", blocks->weight_type().c_str(),
-              static_cast<double>(blocks->matrix_bytes()) / 1e6, fraction);
+  const double fraction = static_cast<double>(blocks->decode_weight_bytes()) / static_cast<double>((*floats)->decode_weight_bytes());
+  std::printf("[ %s ] a decode step reads %.1f MB of weight matrices, %.3f of float32\n", blocks->weight_type().c_str(),
+              static_cast<double>(blocks->decode_weight_bytes()) / 1e6, fraction);
   EXPECT_LT(fraction, max_fraction);
   auto pool = blocks->make_page_pool(16, 1024);
   ASSERT_TRUE(pool.ok());

@@ -109,9 +109,9 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& path, co
   model->fingerprint_ = model->compute_fingerprint();
   VC_RETURN_IF_ERROR(model->place_weights());
   auto bytes = [](const Weight& w) { return static_cast<int64_t>(w.tensor.nbytes()); };
-  model->matrix_bytes_ = bytes(model->token_embedding_) + (model->tied_embeddings_ ? 0 : bytes(model->output_));
+  model->decode_weight_bytes_ = bytes(model->output_);
   for (const Layer& L : model->layers_) {
-    model->matrix_bytes_ += bytes(L.wqkv) + bytes(L.wo) + bytes(L.w_gate_up) + bytes(L.w_down);
+    model->decode_weight_bytes_ += bytes(L.wqkv) + bytes(L.wo) + bytes(L.w_gate_up) + bytes(L.w_down);
   }
   return model;
 }

@@ -93,9 +93,9 @@ class LlamaModel {
   bool tied_embeddings() const { return tied_embeddings_; }
   // The file's quantization, e.g. "Q4_1" (most common type among the 2-D weights).
   const std::string& weight_type() const { return weight_type_; }
-  // Bytes the weight matrices take as held (ggml blocks, or floats of the model dtype): about what
-  // one decode step reads.
-  int64_t matrix_bytes() const { return matrix_bytes_; }
+  // Bytes of the weight matrices one decode step reads in full, as held (ggml blocks, or floats of
+  // the model dtype): every layer's and the output matrix (an untied token embedding is read by row).
+  int64_t decode_weight_bytes() const { return decode_weight_bytes_; }
   // The recognised chat template, or the reason there is none.
   Result<ChatTemplate> chat_template() const;
 
@@ -175,7 +175,7 @@ class LlamaModel {
   Status chat_template_status_;
   bool tied_embeddings_ = true;
   std::string weight_type_;
-  int64_t matrix_bytes_ = 0;
+  int64_t decode_weight_bytes_ = 0;
   std::string fingerprint_;  // ModelShape::fingerprint, computed once at load
   Weight token_embedding_;      // [vocab, d_model]
   at::Tensor output_norm_;      // [d_model] float32
