@@ -11,6 +11,7 @@
 #include "kernels/cpu_kernels.h"
 #include "kernels/simd.h"
 #include "model/ggml_dequant.h"
+#include "model/weight_repack.h"
 
 namespace vericache::cpu {
 namespace {
@@ -59,28 +60,24 @@ TEST(Kernels, LinearMatchesDoubleReferenceAndIsRowCountInvariant) {
   }
 }
 
-// Random blocks of every format the kernels read in place: linear over the blocks equals linear
-// over their dequantization (model/ggml_dequant.h) bit for bit, for the in-register path (<= 4
-// rows) and the buffered one, in both builds; so does an embedding-row lookup.
+// Random blocks of every type the kernels read (K-quants repacked as at load): linear over the
+// blocks equals linear over their dequantization (model/ggml_dequant.h) bit for bit, for the
+// in-register path (<= 4 rows) and the buffered one, in both builds; so does an embedding-row lookup.
 TEST(Kernels, QuantizedLinearEqualsLinearOverDequantizedWeights) {
   std::mt19937 rng(11);
   const int64_t kdim = 512, n = 21, rows = 7;  // two K-quant super-blocks per row
   const auto x = random_vector(rows * kdim, 12);
   struct Case {
-    WeightFormat format;
     GgmlType type;
     int64_t block_values, block_bytes;
     std::vector<int> f16_offsets;  // where the block's f16 scales are
   };
-  const std::vector<Case> cases{{WeightFormat::kQ8_0, GgmlType::kQ8_0, 32, 34, {0}},
-                                {WeightFormat::kQ4_0, GgmlType::kQ4_0, 32, 18, {0}},
-                                {WeightFormat::kQ4_1, GgmlType::kQ4_1, 32, 20, {0, 2}},
-                                {WeightFormat::kQ5_0, GgmlType::kQ5_0, 32, 22, {0}},
-                                {WeightFormat::kQ4_K, GgmlType::kQ4_K, 256, 144, {0, 2}},
-                                {WeightFormat::kQ6_K, GgmlType::kQ6_K, 256, 210, {208}}};
+  const std::vector<Case> cases{{GgmlType::kQ8_0, 32, 34, {0}},   {GgmlType::kQ4_0, 32, 18, {0}},
+                                {GgmlType::kQ4_1, 32, 20, {0, 2}}, {GgmlType::kQ5_0, 32, 22, {0}},
+                                {GgmlType::kQ4_K, 256, 144, {0, 2}}, {GgmlType::kQ6_K, 256, 210, {208}}};
   for (const Case& c : cases) {
-    const int64_t row_bytes = kdim / c.block_values * c.block_bytes;
-    std::vector<uint8_t> blocks(n * row_bytes);
+    const int64_t file_row_bytes = kdim / c.block_values * c.block_bytes;
+    std::vector<uint8_t> blocks(n * file_row_bytes);
     for (auto& b : blocks) b = static_cast<uint8_t>(rng());
     for (int64_t blk = 0; blk < n * kdim / c.block_values; ++blk) {
       for (const int offset : c.f16_offsets) {  // finite f16 scales in [0.0039, 2)
@@ -90,7 +87,21 @@ TEST(Kernels, QuantizedLinearEqualsLinearOverDequantizedWeights) {
     }
     std::vector<float> dense(n * kdim);
     ASSERT_TRUE(dequantize(c.type, blocks.data(), n * kdim, dense.data()).ok());
-    const WeightView quant{c.format, blocks.data(), n, kdim, row_bytes};
+    // The kernels read ggml's 32-value blocks as they are and K-quants repacked.
+    const auto repacked = repacked_format(c.type);
+    const WeightFormat format = repacked ? *repacked
+                                : c.type == GgmlType::kQ8_0 ? WeightFormat::kQ8_0
+                                : c.type == GgmlType::kQ4_0 ? WeightFormat::kQ4_0
+                                : c.type == GgmlType::kQ4_1 ? WeightFormat::kQ4_1
+                                                            : WeightFormat::kQ5_0;
+    std::vector<uint8_t> stored = blocks;
+    int64_t row_bytes = file_row_bytes;
+    if (repacked) {
+      row_bytes = repacked_row_bytes(format, kdim);
+      stored.resize(n * row_bytes);
+      repack_rows(c.type, blocks.data(), n, kdim, stored.data());
+    }
+    const WeightView quant{format, stored.data(), n, kdim, row_bytes};
     const WeightView f32{WeightFormat::kF32, dense.data(), n, kdim, kdim * 4};
     const std::string name = ggml_type_name(c.type);
     for (const KernelTable* k : tables()) {

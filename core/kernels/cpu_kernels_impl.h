@@ -14,7 +14,6 @@
 
 #include "kernels/cpu_kernels.h"
 #include "kernels/simd.h"
-#include "model/ggml_types.h"
 
 namespace vericache::cpu::VC_KERNEL_NAMESPACE {
 
@@ -84,7 +83,6 @@ inline void linear_f32(const float* x, int64_t ldx, int64_t m_total, int64_t k, 
 // Exact dequantization (the formulas of model/ggml_dequant.cpp: one float32 multiply, then one
 // add, never fused). A 4-bit block first builds its 16 possible values, table[q] = d*q + m,
 // and then looks each code up: the same floats as computing each value, at half the work.
-// K-quants store 256 values per super-block; the kernels still walk rows 32 values at a time.
 template <WeightFormat F>
 struct BlockTraits;
 template <>
@@ -104,53 +102,33 @@ struct BlockTraits<WeightFormat::kQ5_0> {
   static constexpr int64_t kBytes = 22;
 };
 template <>
-struct BlockTraits<WeightFormat::kQ4_K> {
-  static constexpr int64_t kBytes = 144;  // per 256 values
+struct BlockTraits<WeightFormat::kNibbleF32> {
+  static constexpr int64_t kBytes = 24;
 };
 template <>
-struct BlockTraits<WeightFormat::kQ6_K> {
-  static constexpr int64_t kBytes = 210;  // per 256 values
+struct BlockTraits<WeightFormat::kInt8F32> {
+  static constexpr int64_t kBytes = 40;
 };
 
-// Q4_K: d, dmin (f16), 12 bytes of 6-bit sub-block scales and mins, then 128 bytes of nibbles in
-// which 32 bytes hold sub-blocks 2i (low nibbles) and 2i + 1 (high nibbles); value = d*sc*q - dmin*m.
-inline void dequant_q4_k(const uint8_t* row, int64_t b, Vec16* lo, Vec16* hi) {
-  const uint8_t* super = row + (b / 8) * BlockTraits<WeightFormat::kQ4_K>::kBytes;
-  const int j = static_cast<int>(b % 8);
-  uint8_t sc, m;
-  k_quant_scale_min(super + 4, j, &sc, &m);
-  const float dj = simd::half_to_float(load_u16(super)) * static_cast<float>(sc);
-  const float mj = simd::half_to_float(load_u16(super + 2)) * static_cast<float>(m);
-  const Vec16 table = simd::sub(simd::mul(simd::set1(dj), simd::iota()), simd::set1(mj));
-  const uint8_t* qs = super + 16 + 32 * (j / 2);
-  *lo = simd::lookup_nibbles(table, qs, 4 * (j % 2));
-  *hi = simd::lookup_nibbles(table, qs + 16, 4 * (j % 2));
-}
-
-// Q6_K: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales (one per 16 values), then d
-// (f16); value = d*scale*(q - 32). Values 128h + 32r + i take the low nibble of
-// ql[64h + 32(r % 2) + i] shifted by 4(r / 2), and bits 2r of qh[32h + i].
-inline void dequant_q6_k(const uint8_t* row, int64_t b, Vec16* lo, Vec16* hi) {
-  const uint8_t* super = row + (b / 8) * BlockTraits<WeightFormat::kQ6_K>::kBytes;
-  const int j = static_cast<int>(b % 8), h = j / 4, r = j % 4;
-  const auto* scales = reinterpret_cast<const int8_t*>(super + 192);
-  const float d = simd::half_to_float(load_u16(super + 208));
-  const uint8_t* ql = super + 64 * h + 32 * (r % 2);
-  const uint8_t* qh = super + 128 + 32 * h;
-  *lo = simd::mul(simd::set1(d * static_cast<float>(scales[2 * j])), simd::six_bit_codes(ql, 4 * (r / 2), qh, 2 * r));
-  *hi = simd::mul(simd::set1(d * static_cast<float>(scales[2 * j + 1])),
-                  simd::six_bit_codes(ql + 16, 4 * (r / 2), qh + 16, 2 * r));
+inline float load_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
 }
 
 // The 32 values of block b of a row (values 32b .. 32b + 31): lo = the first 16, hi = the rest.
 template <WeightFormat F>
 inline void dequant_block(const uint8_t* row, int64_t b, Vec16* lo, Vec16* hi) {
-  if constexpr (F == WeightFormat::kQ4_K) {
-    dequant_q4_k(row, b, lo, hi);
-  } else if constexpr (F == WeightFormat::kQ6_K) {
-    dequant_q6_k(row, b, lo, hi);
+  const uint8_t* block = row + b * BlockTraits<F>::kBytes;
+  if constexpr (F == WeightFormat::kNibbleF32) {
+    const Vec16 table = simd::add(simd::mul(simd::set1(load_f32(block)), simd::iota()), simd::set1(load_f32(block + 4)));
+    *lo = simd::lookup_nibbles(table, block + 8, 0);
+    *hi = simd::lookup_nibbles(table, block + 8, 4);
+  } else if constexpr (F == WeightFormat::kInt8F32) {
+    const auto* q = reinterpret_cast<const int8_t*>(block + 8);
+    *lo = simd::mul(simd::set1(load_f32(block)), simd::signed_bytes(q));
+    *hi = simd::mul(simd::set1(load_f32(block + 4)), simd::signed_bytes(q + 16));
   } else {
-    const uint8_t* block = row + b * BlockTraits<F>::kBytes;
     const Vec16 d = simd::set1(simd::half_to_float(load_u16(block)));
     if constexpr (F == WeightFormat::kQ8_0) {
       const auto* q = reinterpret_cast<const int8_t*>(block + 2);
@@ -198,8 +176,8 @@ inline void dequant_rows(const WeightView& w, int64_t n0, int64_t n1, float* out
       case WeightFormat::kQ4_0: dequant_row<WeightFormat::kQ4_0>(row, w.k, out); break;
       case WeightFormat::kQ4_1: dequant_row<WeightFormat::kQ4_1>(row, w.k, out); break;
       case WeightFormat::kQ5_0: dequant_row<WeightFormat::kQ5_0>(row, w.k, out); break;
-      case WeightFormat::kQ4_K: dequant_row<WeightFormat::kQ4_K>(row, w.k, out); break;
-      case WeightFormat::kQ6_K: dequant_row<WeightFormat::kQ6_K>(row, w.k, out); break;
+      case WeightFormat::kNibbleF32: dequant_row<WeightFormat::kNibbleF32>(row, w.k, out); break;
+      case WeightFormat::kInt8F32: dequant_row<WeightFormat::kInt8F32>(row, w.k, out); break;
     }
   }
 }
@@ -256,8 +234,10 @@ inline void linear(const float* x, int64_t ldx, int64_t m_total, const WeightVie
       case WeightFormat::kQ4_0: return linear_quant_small<WeightFormat::kQ4_0>(x, ldx, m_total, w, n0, n1, y, ldy);
       case WeightFormat::kQ4_1: return linear_quant_small<WeightFormat::kQ4_1>(x, ldx, m_total, w, n0, n1, y, ldy);
       case WeightFormat::kQ5_0: return linear_quant_small<WeightFormat::kQ5_0>(x, ldx, m_total, w, n0, n1, y, ldy);
-      case WeightFormat::kQ4_K: return linear_quant_small<WeightFormat::kQ4_K>(x, ldx, m_total, w, n0, n1, y, ldy);
-      case WeightFormat::kQ6_K: return linear_quant_small<WeightFormat::kQ6_K>(x, ldx, m_total, w, n0, n1, y, ldy);
+      case WeightFormat::kNibbleF32:
+        return linear_quant_small<WeightFormat::kNibbleF32>(x, ldx, m_total, w, n0, n1, y, ldy);
+      case WeightFormat::kInt8F32:
+        return linear_quant_small<WeightFormat::kInt8F32>(x, ldx, m_total, w, n0, n1, y, ldy);
       case WeightFormat::kF32: break;
     }
   }

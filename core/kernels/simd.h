@@ -87,16 +87,6 @@ inline Vec16 lookup_five_bits(Vec16 lo, Vec16 hi, const uint8_t* p, int shift, u
   idx = _mm512_mask_or_epi32(idx, static_cast<__mmask16>(high_bits & 0xffffu), idx, _mm512_set1_epi32(16));
   return {_mm512_permutex2var_ps(lo.v, idx, hi.v)};
 }
-// A Q6_K code per byte pair, minus 32: ((low[i] >> low_shift) & 15) | ((high[i] >> high_shift) & 3) << 4.
-inline Vec16 six_bit_codes(const uint8_t* low, int low_shift, const uint8_t* high, int high_shift) {
-  const __m512i l = _mm512_and_si512(
-      _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(low))), low_shift),
-      _mm512_set1_epi32(0x0f));
-  const __m512i h = _mm512_and_si512(
-      _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(high))), high_shift),
-      _mm512_set1_epi32(0x03));
-  return {_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(l, _mm512_slli_epi32(h, 4)), _mm512_set1_epi32(32)))};
-}
 inline Vec16 iota() { return {_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}; }
 
 #else
@@ -162,11 +152,6 @@ inline Vec16 lookup_five_bits(Vec16 lo, Vec16 hi, const uint8_t* p, int shift, u
   return map([&](int i) {
     const int code = ((p[i] >> shift) & 0x0f) | static_cast<int>(((high_bits >> i) & 1u) << 4);
     return code < 16 ? lo.v[code] : hi.v[code - 16];
-  });
-}
-inline Vec16 six_bit_codes(const uint8_t* low, int low_shift, const uint8_t* high, int high_shift) {
-  return map([&](int i) {
-    return static_cast<float>((((low[i] >> low_shift) & 0x0f) | (((high[i] >> high_shift) & 0x03) << 4)) - 32);
   });
 }
 inline Vec16 iota() { return map([](int i) { return static_cast<float>(i); }); }

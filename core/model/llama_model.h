@@ -54,8 +54,8 @@ enum class ForwardPath { kCpuKernels, kTorch };
 struct LoadOptions {
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kFloat;  // weights and KV; the CPU kernels need float32
-  // CPU kernels: keep Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q4_K / Q6_K matrices in their ggml blocks and
-  // dequantize them on the fly into the very floats a load-time dequantization gives (same logits,
+  // CPU kernels: keep Q8_0 / Q4_0 / Q4_1 / Q5_0 matrices in their ggml blocks (Q4_K / Q6_K repacked
+  // with float32 scales, model/weight_repack.h) and dequantize them on the fly into the very floats a load-time dequantization gives (same logits,
   // a fraction of the bytes per decode step). Q, K and V rows are stacked into one matrix, kept in
   // blocks only when the three share a type. false: dequantize every matrix to float32 at load.
   // Other types are always dequantized at load; other devices always get dequantized weights.
