@@ -1,0 +1,96 @@
+// When each request reloads its full KV cache and verifies: the paper's Algorithm 1 (Admit over the
+// link and memory rings) and the two policies it is compared with. Time is counted in iterations
+// (one draft forward of the batch each); the caller owns the clock: the engine with measured
+// times, the simulator with a hardware profile, both through this one class.
+//
+//   staggered   Admit(r): S_r = max(1, ceil(bytes / (BW * T_iter))) iterations of reload; candidates
+//               d = anchor, anchor - 1, anchor + 1, anchor - 2, ... within [S_r, W - 1] (offsets
+//               from now), anchor = clamp(x, S_r, W - 1); the first span [d - S_r + 1, d] that fits
+//               both rings is reserved and r verifies at d. Nothing fits: r waits and is retried
+//               every iteration.
+//   lockstep    every request verifies at the next iteration that is a multiple of x (at least S_r
+//               ahead), its reload in the S_r iterations before; the rings are overbooked, not
+//               checked: the serialized link and the memory peak are what lockstep costs.
+//   no-overlap  r verifies x iterations after admission and its reload starts only then (the whole
+//               transfer lands in the verify iteration: a stall).
+//
+// Thread-safety: none; one owner calls admit / events_now / advance in turn.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include <vericache/status.h>
+
+#include "sched/reload_rings.h"
+
+namespace vericache::sched {
+
+enum class ReloadPolicy { kStaggered, kLockstep, kNoOverlap };
+
+// "staggered", "lockstep", "no-overlap".
+const char* policy_name(ReloadPolicy policy);
+// InvalidArgument naming the three for anything else.
+Result<ReloadPolicy> parse_policy(const std::string& name);
+
+struct ReloadSchedulerOptions {
+  ReloadPolicy policy = ReloadPolicy::kStaggered;
+  int64_t window = 64;               // W iterations of lookahead
+  int64_t draft_length = 16;         // x: target iterations from admission to verify; < W
+  double iteration_seconds = 0;      // T_iter
+  double link_bandwidth = 0;         // bytes/s of the link full caches come over
+  double memory_capacity_bytes = 0;  // device memory left for streamed full caches
+};
+
+struct ReloadPlan {
+  int64_t request = 0;
+  int64_t reload_start = 0;  // iteration the reload begins
+  int64_t verify_at = 0;     // iteration of the verify forward (the reload's last iteration)
+  double bytes = 0;          // KV_full of the request
+  double seconds = 0;        // its transfer time on the link
+};
+
+class ReloadScheduler {
+ public:
+  explicit ReloadScheduler(const ReloadSchedulerOptions& options);
+
+  // Plans request `request`'s next reload and verify (after its prefill, and after each verify).
+  // InvalidArgument when its reload takes more iterations than the window holds (W - 1), or (for
+  // the other policies) the verify would fall outside it. A request not placed yet waits.
+  Status admit(int64_t request, double kv_full_bytes);
+  // Iterations a reload of `bytes` spans (S_r).
+  int64_t span_iterations(double bytes) const;
+
+  struct Events {
+    std::vector<ReloadPlan> reloads_starting;  // begin these transfers now
+    std::vector<ReloadPlan> verifying;         // run these verify forwards now (their plans end)
+  };
+  // The current iteration's events, after retrying waiting admissions. Call once per iteration.
+  Events events_now();
+  // The next iteration.
+  void advance();
+
+  int64_t now() const { return now_; }
+  size_t waiting() const { return waiting_.size(); }
+  const std::vector<ReloadPlan>& planned() const { return plans_; }
+  const ReloadRings& rings() const { return rings_; }
+  const ReloadSchedulerOptions& options() const { return options_; }
+
+ private:
+  // Places a request (policy by policy); false when staggered finds no span that fits.
+  bool place(int64_t request, double bytes);
+
+  struct Waiting {
+    int64_t request;
+    double bytes;
+  };
+  ReloadSchedulerOptions options_;
+  ReloadRings rings_;
+  int64_t now_ = 0;
+  std::vector<ReloadPlan> plans_;
+  std::deque<Waiting> waiting_;
+};
+
+}  // namespace vericache::sched
