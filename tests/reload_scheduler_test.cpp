@@ -42,8 +42,9 @@ ReloadSchedulerOptions fig6(ReloadPolicy policy) {
 }
 
 // Staggered: one reload of 3 iterations at a time, so the 10 verifications spread one every 3
-// iterations, each request verifying about every x = 30 iterations; the link never carries more
-// than an iteration's worth and memory never holds more than one full cache.
+// iterations and each request drafts about x = 30 tokens between its verifications (verifies
+// about every 31 iterations); the link never carries more than an iteration's worth and memory
+// never holds more than one full cache.
 TEST(ReloadScheduler, StaggeredSpreadsTheVerifications) {
   ReloadScheduler s(fig6(ReloadPolicy::kStaggered));
   EXPECT_EQ(s.span_iterations(4 * kGB), 3);
@@ -51,7 +52,7 @@ TEST(ReloadScheduler, StaggeredSpreadsTheVerifications) {
   EXPECT_EQ(s.waiting(), 0u);
   std::vector<int64_t> first_verifies;
   for (const ReloadPlan& p : s.planned()) first_verifies.push_back(p.verify_at);
-  EXPECT_EQ(first_verifies, (std::vector<int64_t>{30, 27, 33, 24, 36, 21, 39, 18, 42, 15}));
+  EXPECT_EQ(first_verifies, (std::vector<int64_t>{31, 28, 34, 25, 37, 22, 40, 19, 43, 16}));
 
   std::map<int64_t, int64_t> admitted_at;
   std::vector<int64_t> draft_lengths;
@@ -62,7 +63,7 @@ TEST(ReloadScheduler, StaggeredSpreadsTheVerifications) {
     const auto events = s.events_now();
     EXPECT_LE(events.verifying.size(), 1u) << "iteration " << it;
     for (const ReloadPlan& p : events.verifying) {
-      if (admitted_at.count(p.request)) draft_lengths.push_back(p.verify_at - admitted_at[p.request]);
+      if (admitted_at.count(p.request)) draft_lengths.push_back(p.verify_at - admitted_at[p.request] - 1);
       admitted_at[p.request] = it;
       ASSERT_TRUE(s.admit(p.request, p.bytes).ok());
     }
@@ -77,19 +78,19 @@ TEST(ReloadScheduler, StaggeredSpreadsTheVerifications) {
   EXPECT_EQ(s.waiting(), 0u);
 }
 
-// Lockstep: all 10 verify at iteration 30 and their reloads share iterations 28-30: 800 ms of link
-// time where 105 ms exist, and 40 GB of full caches resident at once.
+// Lockstep: all 10 verify at iteration 31 (30 drafts each) and their reloads share iterations
+// 29-31: 800 ms of link time where 105 ms exist, and 40 GB of full caches resident at once.
 TEST(ReloadScheduler, LockstepOverbooksTheLinkAndMemory) {
   ReloadScheduler s(fig6(ReloadPolicy::kLockstep));
   for (int64_t r = 0; r < 10; ++r) ASSERT_TRUE(s.admit(r, 4 * kGB).ok());
   for (const ReloadPlan& p : s.planned()) {
-    EXPECT_EQ(p.verify_at, 30);
-    EXPECT_EQ(p.reload_start, 28);
+    EXPECT_EQ(p.verify_at, 31);
+    EXPECT_EQ(p.reload_start, 29);
   }
   double link = 0;
-  for (int64_t i = 28; i <= 30; ++i) link += s.rings().link_seconds(i);
+  for (int64_t i = 29; i <= 31; ++i) link += s.rings().link_seconds(i);
   EXPECT_NEAR(link, 0.8, 1e-9);
-  EXPECT_NEAR(s.rings().memory_bytes(30), 40 * kGB, 1);
+  EXPECT_NEAR(s.rings().memory_bytes(31), 40 * kGB, 1);
 }
 
 // No-overlap: each reload starts in its verify iteration, so the whole 80 ms lands there.
@@ -97,10 +98,10 @@ TEST(ReloadScheduler, NoOverlapReloadsWhenTheVerifyIsDue) {
   ReloadScheduler s(fig6(ReloadPolicy::kNoOverlap));
   ASSERT_TRUE(s.admit(7, 4 * kGB).ok());
   ASSERT_EQ(s.planned().size(), 1u);
-  EXPECT_EQ(s.planned()[0].reload_start, 30);
-  EXPECT_EQ(s.planned()[0].verify_at, 30);
-  EXPECT_NEAR(s.rings().link_seconds(30), 0.08, 1e-12);
-  EXPECT_EQ(s.rings().link_seconds(29), 0.0);
+  EXPECT_EQ(s.planned()[0].reload_start, 31);
+  EXPECT_EQ(s.planned()[0].verify_at, 31);
+  EXPECT_NEAR(s.rings().link_seconds(31), 0.08, 1e-12);
+  EXPECT_EQ(s.rings().link_seconds(30), 0.0);
 }
 
 TEST(ReloadScheduler, BadConfigurationsAreErrors) {
@@ -110,7 +111,7 @@ TEST(ReloadScheduler, BadConfigurationsAreErrors) {
                           "raise the window");
   ReloadScheduler lock(fig6(ReloadPolicy::kLockstep));
   EXPECT_EQ(lock.admit(0, 70 * kGB).message(),
-            "lockstep with x = 30 and reloads of 40 iterations needs a window of at least 70");
+            "lockstep with x = 30 and reloads of 40 iterations needs a window of at least 71");
   EXPECT_EQ(parse_policy("eager").status().message(), "unknown reload policy 'eager' (staggered, lockstep or no-overlap)");
   EXPECT_EQ(*parse_policy("no-overlap"), ReloadPolicy::kNoOverlap);
 }

@@ -25,7 +25,7 @@ Result<ReloadPolicy> parse_policy(const std::string& name) {
 
 ReloadScheduler::ReloadScheduler(const ReloadSchedulerOptions& options)
     : options_(options), rings_(options.window, options.iteration_seconds, options.memory_capacity_bytes) {
-  VC_CHECK(options.draft_length >= 1 && options.draft_length < options.window, "need 1 <= x < W");
+  VC_CHECK(options.draft_length >= 1 && options.draft_length + 1 < options.window, "need 1 <= x and x + 1 < W");
   VC_CHECK(options.link_bandwidth > 0, "the link bandwidth must be positive");
 }
 
@@ -35,30 +35,30 @@ int64_t ReloadScheduler::span_iterations(double bytes) const {
 }
 
 Status ReloadScheduler::admit(int64_t request, double kv_full_bytes) {
-  const int64_t span = span_iterations(kv_full_bytes), w = options_.window, x = options_.draft_length;
+  const int64_t span = span_iterations(kv_full_bytes), w = options_.window, cycle = options_.draft_length + 1;
   if (span > w - 1) {
     return Status::invalid_argument("a reload of " + std::to_string(kv_full_bytes / 1e9) + " GB takes " +
                                     std::to_string(span) + " iterations, more than the window of " + std::to_string(w) +
                                     " can plan (W - 1); raise the window");
   }
-  if (options_.policy == ReloadPolicy::kLockstep && x + span > w) {
-    return Status::invalid_argument("lockstep with x = " + std::to_string(x) + " and reloads of " +
+  if (options_.policy == ReloadPolicy::kLockstep && cycle + span > w) {
+    return Status::invalid_argument("lockstep with x = " + std::to_string(cycle - 1) + " and reloads of " +
                                     std::to_string(span) + " iterations needs a window of at least " +
-                                    std::to_string(x + span));
+                                    std::to_string(cycle + span));
   }
   if (!place(request, kv_full_bytes)) waiting_.push_back({request, kv_full_bytes});
   return Status();
 }
 
 bool ReloadScheduler::place(int64_t request, double bytes) {
-  const int64_t span = span_iterations(bytes), w = options_.window, x = options_.draft_length;
+  const int64_t span = span_iterations(bytes), w = options_.window, cycle = options_.draft_length + 1;
   const double seconds = bytes / options_.link_bandwidth;
   int64_t verify = -1;  // offset from now
   switch (options_.policy) {
     case ReloadPolicy::kStaggered: {
       // Candidates anchor, anchor - 1, anchor + 1, anchor - 2, ...: draft lengths near x, the
       // shorter first on a tie (fewer drafts wasted on a rejection).
-      const int64_t anchor = std::clamp(x, span, w - 1);
+      const int64_t anchor = std::clamp(cycle, span, w - 1);
       std::vector<int64_t> candidates{anchor};
       for (int64_t k = 1; anchor - k >= span || anchor + k <= w - 1; ++k) {
         if (anchor - k >= span) candidates.push_back(anchor - k);
@@ -74,13 +74,13 @@ bool ReloadScheduler::place(int64_t request, double bytes) {
       break;
     }
     case ReloadPolicy::kLockstep: {
-      // The next multiple of x at least `span` iterations ahead.
-      const int64_t at = ((now_ + span + x - 1) / x) * x;
+      // The next multiple of the cycle at least `span` iterations ahead.
+      const int64_t at = ((now_ + span + cycle - 1) / cycle) * cycle;
       verify = at - now_;
       break;
     }
     case ReloadPolicy::kNoOverlap:
-      verify = x;
+      verify = cycle;
       break;
   }
   const int64_t first = options_.policy == ReloadPolicy::kNoOverlap ? verify : verify - span + 1;

@@ -1,18 +1,23 @@
 // When each request reloads its full KV cache and verifies: the paper's Algorithm 1 (Admit over the
 // link and memory rings) and the two policies it is compared with. Time is counted in iterations
-// (one draft forward of the batch each); the caller owns the clock: the engine with measured
-// times, the simulator with a hardware profile, both through this one class.
+// (one batched forward each: drafting requests add one token, verifying ones their drafts); the
+// caller owns the clock: the engine with measured times, the simulator with a hardware profile,
+// both through this one class.
+//
+// A request admitted in iteration a (after its prefill or verify) and verifying in iteration a + d
+// drafts in the d - 1 iterations between: a draft length of x is a verify x + 1 iterations on,
+// which is the target below (the paper's anchor x, counted in drafts).
 //
 //   staggered   Admit(r): S_r = max(1, ceil(bytes / (BW * T_iter))) iterations of reload; candidates
 //               d = anchor, anchor - 1, anchor + 1, anchor - 2, ... within [S_r, W - 1] (offsets
-//               from now), anchor = clamp(x, S_r, W - 1); the first span [d - S_r + 1, d] that fits
-//               both rings is reserved and r verifies at d. Nothing fits: r waits and is retried
-//               every iteration.
-//   lockstep    every request verifies at the next iteration that is a multiple of x (at least S_r
-//               ahead), its reload in the S_r iterations before; the rings are overbooked, not
+//               from now), anchor = clamp(x + 1, S_r, W - 1); the first span [d - S_r + 1, d] that
+//               fits both rings is reserved and r verifies at d. Nothing fits: r waits and is
+//               retried every iteration.
+//   lockstep    every request verifies at the next iteration that is a multiple of x + 1 (at least
+//               S_r ahead), its reload in the S_r iterations before; the rings are overbooked, not
 //               checked: the serialized link and the memory peak are what lockstep costs.
-//   no-overlap  r verifies x iterations after admission and its reload starts only then (the whole
-//               transfer lands in the verify iteration: a stall).
+//   no-overlap  r verifies x + 1 iterations after admission and its reload starts only then (the
+//               whole transfer lands in the verify iteration: a stall).
 //
 // Thread-safety: none; one owner calls admit / events_now / advance in turn.
 #pragma once
@@ -38,7 +43,7 @@ Result<ReloadPolicy> parse_policy(const std::string& name);
 struct ReloadSchedulerOptions {
   ReloadPolicy policy = ReloadPolicy::kStaggered;
   int64_t window = 64;               // W iterations of lookahead
-  int64_t draft_length = 16;         // x: target iterations from admission to verify; < W
+  int64_t draft_length = 16;         // x: target drafts per verify; x + 1 < W
   double iteration_seconds = 0;      // T_iter
   double link_bandwidth = 0;         // bytes/s of the link full caches come over
   double memory_capacity_bytes = 0;  // device memory left for streamed full caches
