@@ -23,21 +23,21 @@ size_t ReloadRings::slot(int64_t offset) const {
   return static_cast<size_t>((head_ + offset) % window_);
 }
 
-bool ReloadRings::fits(int64_t first, int64_t last, double seconds, double bytes) const {
-  VC_CHECK(first <= last, "empty span");
-  const double per_iteration = seconds / static_cast<double>(last - first + 1);
-  for (int64_t i = first; i <= last; ++i) {
-    if (link_[slot(i)] + per_iteration > link_capacity_ * (1 + kSlack)) return false;
+bool ReloadRings::fits(const Span& span, double seconds, double bytes) const {
+  VC_CHECK(span.link_first <= span.link_last && span.link_last <= span.resident_last, "bad reload span");
+  const double per_iteration = seconds / static_cast<double>(span.link_last - span.link_first + 1);
+  for (int64_t i = span.link_first; i <= span.resident_last; ++i) {
+    if (i <= span.link_last && link_[slot(i)] + per_iteration > link_capacity_ * (1 + kSlack)) return false;
     if (memory_[slot(i)] + bytes > memory_capacity_ * (1 + kSlack)) return false;
   }
   return true;
 }
 
-void ReloadRings::reserve(int64_t first, int64_t last, double seconds, double bytes) {
-  VC_CHECK(first <= last, "empty span");
-  const double per_iteration = seconds / static_cast<double>(last - first + 1);
-  for (int64_t i = first; i <= last; ++i) {
-    link_[slot(i)] += per_iteration;
+void ReloadRings::reserve(const Span& span, double seconds, double bytes) {
+  VC_CHECK(span.link_first <= span.link_last && span.link_last <= span.resident_last, "bad reload span");
+  const double per_iteration = seconds / static_cast<double>(span.link_last - span.link_first + 1);
+  for (int64_t i = span.link_first; i <= span.resident_last; ++i) {
+    if (i <= span.link_last) link_[slot(i)] += per_iteration;
     memory_[slot(i)] += bytes;
   }
 }

@@ -4,9 +4,9 @@
 //              T[i] <= the link time one iteration offers;
 //   memory ring B[i]: bytes of full caches streamed to the device and resident during iteration i,
 //              against what device memory has left after the weights and the resident caches.
-// A reload reserves a span of iterations [first, last]: its transfer time spread evenly over the
-// span, and its bytes in every iteration of it (resident from the start of the reload until the
-// verify at `last`). advance() slides the window by one iteration.
+// A reload reserves its transfer time spread evenly over the iterations the link carries it, and
+// its bytes in every iteration from its start through its verify (resident until then).
+// advance() slides the window by one iteration.
 //
 // Thread-safety: none (one scheduler owns it). Offsets outside [0, W) are bugs (VC_CHECK).
 #pragma once
@@ -24,11 +24,16 @@ class ReloadRings {
   ReloadRings(int64_t window, double link_seconds_per_iteration, double memory_capacity_bytes);
 
   int64_t window() const { return window_; }
-  // Whether a reload of `bytes` that keeps the link busy for `seconds` fits in [first, last].
-  bool fits(int64_t first, int64_t last, double seconds, double bytes) const;
+  // A reload: `seconds` of link time over iterations [link_first, link_last], `bytes` of device
+  // memory over [link_first, resident_last] (resident_last >= link_last).
+  struct Span {
+    int64_t link_first = 0, link_last = 0, resident_last = 0;
+  };
+  // Whether it fits both rings.
+  bool fits(const Span& span, double seconds, double bytes) const;
   // Reserves it (also when it does not fit: the lockstep and no-overlap policies overbook, and the
   // overbooking is what they cost).
-  void reserve(int64_t first, int64_t last, double seconds, double bytes);
+  void reserve(const Span& span, double seconds, double bytes);
   // Slides the window: iteration 1 becomes 0, an empty iteration enters at W - 1.
   void advance();
 

@@ -36,15 +36,15 @@ int64_t ReloadScheduler::span_iterations(double bytes) const {
 
 Status ReloadScheduler::admit(int64_t request, double kv_full_bytes) {
   const int64_t span = span_iterations(kv_full_bytes), w = options_.window, cycle = options_.draft_length + 1;
-  if (span > w - 1) {
+  if (span + 1 > w - 1) {
     return Status::invalid_argument("a reload of " + std::to_string(kv_full_bytes / 1e9) + " GB takes " +
-                                    std::to_string(span) + " iterations, more than the window of " + std::to_string(w) +
-                                    " can plan (W - 1); raise the window");
+                                    std::to_string(span) + " iterations; with its verify that is more than the window of " +
+                                    std::to_string(w) + " can plan (W - 1); raise the window");
   }
-  if (options_.policy == ReloadPolicy::kLockstep && cycle + span > w) {
+  if (options_.policy == ReloadPolicy::kLockstep && cycle + span + 1 > w) {
     return Status::invalid_argument("lockstep with x = " + std::to_string(cycle - 1) + " and reloads of " +
                                     std::to_string(span) + " iterations needs a window of at least " +
-                                    std::to_string(cycle + span));
+                                    std::to_string(cycle + span + 1));
   }
   if (!place(request, kv_full_bytes)) waiting_.push_back({request, kv_full_bytes});
   return Status();
@@ -53,48 +53,43 @@ Status ReloadScheduler::admit(int64_t request, double kv_full_bytes) {
 bool ReloadScheduler::place(int64_t request, double bytes) {
   const int64_t span = span_iterations(bytes), w = options_.window, cycle = options_.draft_length + 1;
   const double seconds = bytes / options_.link_bandwidth;
-  int64_t verify = -1;  // offset from now
+  // Offsets from now; the reload carried by the link over the `span` iterations before the verify.
+  auto before = [span](int64_t verify) { return ReloadRings::Span{verify - span, verify - 1, verify}; };
+  ReloadRings::Span reload;
   switch (options_.policy) {
     case ReloadPolicy::kStaggered: {
       // Candidates anchor, anchor - 1, anchor + 1, anchor - 2, ...: draft lengths near x, the
       // shorter first on a tie (fewer drafts wasted on a rejection).
-      const int64_t anchor = std::clamp(cycle, span, w - 1);
+      const int64_t lowest = span + 1, anchor = std::clamp(cycle, lowest, w - 1);
       std::vector<int64_t> candidates{anchor};
-      for (int64_t k = 1; anchor - k >= span || anchor + k <= w - 1; ++k) {
-        if (anchor - k >= span) candidates.push_back(anchor - k);
+      for (int64_t k = 1; anchor - k >= lowest || anchor + k <= w - 1; ++k) {
+        if (anchor - k >= lowest) candidates.push_back(anchor - k);
         if (anchor + k <= w - 1) candidates.push_back(anchor + k);
       }
-      for (int64_t d : candidates) {
-        if (rings_.fits(d - span + 1, d, seconds, bytes)) {
-          verify = d;
-          break;
-        }
-      }
-      if (verify < 0) return false;
+      const auto found = std::find_if(candidates.begin(), candidates.end(),
+                                      [&](int64_t d) { return rings_.fits(before(d), seconds, bytes); });
+      if (found == candidates.end()) return false;
+      reload = before(*found);
       break;
     }
     case ReloadPolicy::kLockstep: {
-      // The next multiple of the cycle at least `span` iterations ahead.
-      const int64_t at = ((now_ + span + cycle - 1) / cycle) * cycle;
-      verify = at - now_;
+      // The next multiple of the cycle with room for the reload before it.
+      const int64_t at = ((now_ + span + 1 + cycle - 1) / cycle) * cycle;
+      reload = before(at - now_);
       break;
     }
     case ReloadPolicy::kNoOverlap:
-      verify = cycle;
+      reload = ReloadRings::Span{cycle, cycle, cycle};
       break;
   }
-  const int64_t first = options_.policy == ReloadPolicy::kNoOverlap ? verify : verify - span + 1;
-  rings_.reserve(first, verify, seconds, bytes);
-  plans_.push_back({request, now_ + first, now_ + verify, bytes, seconds});
+  rings_.reserve(reload, seconds, bytes);
+  plans_.push_back({request, now_ + reload.link_first, now_ + reload.resident_last, bytes, seconds});
   return true;
 }
 
 ReloadScheduler::Events ReloadScheduler::events_now() {
-  for (size_t n = waiting_.size(); n > 0; --n) {
-    const Waiting w = waiting_.front();
-    waiting_.pop_front();
-    if (!place(w.request, w.bytes)) waiting_.push_back(w);
-  }
+  // First come, first placed: the first that still does not fit stops the retries.
+  while (!waiting_.empty() && place(waiting_.front().request, waiting_.front().bytes)) waiting_.pop_front();
   Events events;
   for (const ReloadPlan& p : plans_) {
     if (p.reload_start == now_) events.reloads_starting.push_back(p);

@@ -8,14 +8,16 @@
 // drafts in the d - 1 iterations between: a draft length of x is a verify x + 1 iterations on,
 // which is the target below (the paper's anchor x, counted in drafts).
 //
-//   staggered   Admit(r): S_r = max(1, ceil(bytes / (BW * T_iter))) iterations of reload; candidates
-//               d = anchor, anchor - 1, anchor + 1, anchor - 2, ... within [S_r, W - 1] (offsets
-//               from now), anchor = clamp(x + 1, S_r, W - 1); the first span [d - S_r + 1, d] that
-//               fits both rings is reserved and r verifies at d. Nothing fits: r waits and is
-//               retried every iteration.
+//   staggered   Admit(r): a reload takes S_r = max(1, ceil(bytes / (BW * T_iter))) iterations;
+//               candidates d = anchor, anchor - 1, anchor + 1, anchor - 2, ... within
+//               [S_r + 1, W - 1] (offsets from now), anchor = clamp(x + 1, S_r + 1, W - 1); the
+//               first whose reload fits both rings is reserved and r verifies at d: link over
+//               [d - S_r, d - 1] (the verify forward needs the whole cache when it starts, where the
+//               paper's span [d - S_r + 1, d] lets the last part arrive during it), memory over
+//               [d - S_r, d]. Nothing fits: r waits, and is retried every iteration in arrival order.
 //   lockstep    every request verifies at the next iteration that is a multiple of x + 1 (at least
-//               S_r ahead), its reload in the S_r iterations before; the rings are overbooked, not
-//               checked: the serialized link and the memory peak are what lockstep costs.
+//               S_r + 1 ahead), its reload in the S_r iterations before; the rings are overbooked,
+//               not checked: the serialized link and the memory peak are what lockstep costs.
 //   no-overlap  r verifies x + 1 iterations after admission and its reload starts only then (the
 //               whole transfer lands in the verify iteration: a stall).
 //
@@ -52,7 +54,7 @@ struct ReloadSchedulerOptions {
 struct ReloadPlan {
   int64_t request = 0;
   int64_t reload_start = 0;  // iteration the reload begins
-  int64_t verify_at = 0;     // iteration of the verify forward (the reload's last iteration)
+  int64_t verify_at = 0;     // iteration of the verify forward
   double bytes = 0;          // KV_full of the request
   double seconds = 0;        // its transfer time on the link
 };
@@ -61,9 +63,10 @@ class ReloadScheduler {
  public:
   explicit ReloadScheduler(const ReloadSchedulerOptions& options);
 
-  // Plans request `request`'s next reload and verify (after its prefill, and after each verify).
-  // InvalidArgument when its reload takes more iterations than the window holds (W - 1), or (for
-  // the other policies) the verify would fall outside it. A request not placed yet waits.
+  // Plans request `request`'s next reload and verify (after its prefill, and after each verify;
+  // the earliest reload starts in the next iteration). InvalidArgument when its reload and verify
+  // cannot fit in the window (S_r + 1 > W - 1), or for lockstep the verify would fall outside it.
+  // A request not placed yet waits.
   Status admit(int64_t request, double kv_full_bytes);
   // Iterations a reload of `bytes` spans (S_r).
   int64_t span_iterations(double bytes) const;
@@ -72,7 +75,8 @@ class ReloadScheduler {
     std::vector<ReloadPlan> reloads_starting;  // begin these transfers now
     std::vector<ReloadPlan> verifying;         // run these verify forwards now (their plans end)
   };
-  // The current iteration's events, after retrying waiting admissions. Call once per iteration.
+  // The current iteration's events, after retrying waiting admissions in arrival order (up to the
+  // first that still does not fit). Call once per iteration.
   Events events_now();
   // The next iteration.
   void advance();
