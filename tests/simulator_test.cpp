@@ -16,10 +16,8 @@ constexpr double kGB = 1e9;
 // rejection: alpha (1 - alpha^x) / (1 - alpha).
 double expected_accepted(double alpha, int64_t x) { return alpha * (1 - std::pow(alpha, x)) / (1 - alpha); }
 
-// The worked example's machine and model (M = 48 GB, 5 GB of KV at 50K tokens, RTX PRO 6000),
-// staggered, c = 0.2, x = 25, B = 6: HBM binds, reloads hide, and the simulated throughput is
-// Eq. 3's with eta = (gamma*x + 1)/(x + 1) -- not with the paper's eta, which predicts twice as much.
-TEST(Simulator, StaggeredMatchesEquation3WithTheCycleEta) {
+// The worked example's machine and model: M = 48 GB, 5 GB of KV at 50K tokens, RTX PRO 6000, B = 6.
+SimulationConfig worked_example() {
   SimulationConfig c;
   c.weight_bytes = 48 * kGB;
   c.kv_bytes_per_token = 1e5;
@@ -28,6 +26,13 @@ TEST(Simulator, StaggeredMatchesEquation3WithTheCycleEta) {
   c.link_bandwidth = 64 * kGB;
   c.memory_bytes = 96 * kGB;
   c.batch = 6;
+  return c;
+}
+
+// Staggered, c = 0.2, x = 25: HBM binds, reloads hide, and the simulated throughput is Eq. 3's with
+// eta = (gamma*x + 1)/(x + 1) -- not with the paper's eta, which predicts twice as much.
+TEST(Simulator, StaggeredMatchesEquation3WithTheCycleEta) {
+  SimulationConfig c = worked_example();
   c.requests = 60;  // long enough that the last requests' tail hardly counts
   c.output_tokens = 1000;
   c.ratio = 0.2;
@@ -95,14 +100,8 @@ TEST(Simulator, StaggeredBeatsLockstepWhenTheLinkIsTheBottleneck) {
 }
 
 TEST(Simulator, RefusesMachinesThatCannotHoldTheCaches) {
-  SimulationConfig c;
+  SimulationConfig c = worked_example();
   c.weight_bytes = 90 * kGB;
-  c.kv_bytes_per_token = 1e5;
-  c.context = 50000;
-  c.hbm_bandwidth = 1600 * kGB;
-  c.link_bandwidth = 64 * kGB;
-  c.memory_bytes = 96 * kGB;
-  c.batch = 6;
   c.requests = 6;
   EXPECT_EQ(simulate(c).status().message(),
             "simulate: device memory (96.000000 GB) cannot hold the weights, every compressed cache and one full cache");
