@@ -78,9 +78,9 @@ int run_bench(int argc, char** argv) {
   const std::vector<int32_t> corpus = m.tokenizer().encode(text.str(), false);
   const std::string engine = m.forward_path() == ForwardPath::kCpuKernels ? std::string(m.kernels().isa) + " kernels"
                                                                           : "torch forward";
-  // Bytes a decode step must read at least: every weight matrix once, plus each request's K/V.
+  // Bytes a decode step must read at least: every weight matrix once, as held, plus each request's K/V.
   const int64_t elem = c10::elementSize(m.dtype());
-  const int64_t weight_bytes = m.config().parameter_count(m.tied_embeddings()) * elem;
+  const int64_t weight_bytes = m.decode_weight_bytes();
   const int64_t kv_bytes_per_token = 2 * m.config().n_layers * m.config().n_kv_heads * m.config().head_dim * elem;
 
   if (!json) {

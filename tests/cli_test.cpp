@@ -60,6 +60,33 @@ TEST(Cli, MissingModelAndBadOptionsAreUsageOrRunErrors) {
   EXPECT_EQ(r.err, "vericache: unknown command 'frobnicate'. Run 'vericache --help' for the list.\n");
 }
 
+// `vericache model --json` on the paper's worked example (Mistral-24B on an RTX PRO 6000, M = 48 GB,
+// KV_full = 5 GB, c = 0.2, x = 25, B = 6, gamma = 0.85: T_gpu about 35 ms, T_xfer about 19 ms,
+// about 312 tok/s with the paper's eta), and a bad profile name or policy as a usage error.
+TEST(Cli, ModelPrintsThePapersWorkedExample) {
+  CliRun r = run_vericache("model --hardware rtx-pro-6000 --weights-gb 48 --kv-full-gb 5 -c 0.2 -x 25 -b 6 --gamma 0.85 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_NEAR(out["t_gpu_ms"].get<double>(), 34.5, 1e-9);
+  EXPECT_NEAR(out["t_xfer_ms"].get<double>(), 18.75, 1e-9);
+  EXPECT_EQ(out["binding"], "hbm");
+  EXPECT_NEAR(out["throughput_tok_s_paper"].get<double>(), 312.0, 0.02 * 312.0);
+  EXPECT_NEAR(out["eta_cycle"].get<double>(), 22.25 / 26.0, 1e-12);
+  EXPECT_EQ(out["staggered_fits_memory"], true);
+  r = run_vericache("simulate --policy eager");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("vericache simulate: --policy: unknown reload policy 'eager' (staggered, lockstep or no-overlap)\n", 0),
+            0u)
+      << r.err;
+  r = run_vericache("model --hardware a100");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("vericache model: no hardware profile named 'a100' (known: gh200, h100-nvl, h200, "
+                        "rtx-pro-6000; or give a .json path)\n",
+                        0),
+            0u)
+      << r.err;
+}
+
 // --model takes an embedded model's short name as well as a path.
 TEST(Cli, ModelsByShortName) {
   const CliRun qwen = run_vericache("generate --model qwen2.5-coder-0.5b -p \"What is 2+2?\" -n 8 --json");

@@ -218,6 +218,47 @@ TEST(CompressedGeneration, GeneratorMatchesDecodingTheCompressedCacheByHand) {
   }
 }
 
+// The divergence reference is full-KV greedy decoding: its tokens are the Generator's (no
+// compressor), and a second, uncompressed copy of the prompt's cache compared along it differs in
+// nothing (KL exactly 0, same argmax every step): the forward is row-count invariant to the bit.
+TEST(Divergence, ReferenceIsFullKvGreedyAndAnUncompressedCopyDoesNotDiverge) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  const std::vector<int32_t> ids = testing::kvpress_prompt_ids("doc");
+  const auto n = static_cast<int64_t>(ids.size());
+  const int64_t layers = m->config().n_layers, steps = 6;
+  auto pool = m->make_page_pool(16, 2 * layers * ((n + steps) / 16 + 2));
+  ASSERT_TRUE(pool.ok());
+  SequenceKv full(layers), copy(layers);
+  const auto first = static_cast<int32_t>(prefill_full(*m, ids, *pool, full).argmax().item<int64_t>());
+  ASSERT_TRUE(copy.append_range(*pool, full, *pool, 0, n).ok());
+  auto reference = full_kv_greedy_reference(*m, *pool, full, first, n, steps);
+  ASSERT_TRUE(reference.ok()) << reference.status().message();
+  ASSERT_EQ(reference->logits.size(), static_cast<size_t>(steps * m->config().vocab_size));
+
+  GenerationRequest request;
+  request.prompt = ids;
+  request.max_new_tokens = steps;
+  request.ignore_eos = true;
+  auto generator_pool = m->make_page_pool(16, Generator::pages_needed(*m, 16, std::span(&request, 1), n + 64));
+  ASSERT_TRUE(generator_pool.ok());
+  Generator generator(*m, *generator_pool, GeneratorOptions{});
+  auto generated = generator.generate(std::span(&request, 1), {}, nullptr);
+  ASSERT_TRUE(generated.ok()) << generated.status().message();
+  EXPECT_EQ(reference->tokens, (*generated)[0].tokens);
+
+  auto same = divergence_along(*m, *reference, *pool, copy, n);
+  ASSERT_TRUE(same.ok()) << same.status().message();
+  ASSERT_EQ(same->size(), static_cast<size_t>(steps));
+  for (const DivergenceStep& d : *same) {
+    EXPECT_EQ(d.kl, 0.0);
+    EXPECT_TRUE(d.same_argmax);
+  }
+  full.release(*pool);
+  copy.release(*pool);
+  EXPECT_EQ(pool->num_free(), pool->num_pages());
+}
+
 // Requests do not affect each other: a batch of two prompts of different lengths, prefilled in
 // chunks of 128 tokens, generates what each request generates alone, with the same resident slots
 // (forwards are batch-invariant to the bit; compressor state is per request).

@@ -6,9 +6,11 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "test_support.h"
 
@@ -149,13 +151,17 @@ TEST(ForwardInvariance, PortableAndAvx512KernelsAgreeBitwise) {
   EXPECT_TRUE(bitwise_equal(results[0], results[1]));
 }
 
-// Weights kept in their Q4_1 / Q8_0 blocks and dequantized on the fly give the same bits as
-// weights dequantized to float32 at load, for decode-sized and prefill-sized forwards.
-TEST(ForwardInvariance, QuantizedWeightsEqualDequantizedWeights) {
-  const LlamaModel* blocks = default_model();
+// Weights kept in their ggml blocks and dequantized on the fly give the same bits as weights
+// dequantized to float32 at load, for decode-sized and prefill-sized forwards; and a decode step
+// reads at most `max_fraction` of the float32 bytes (so the kernels really read blocks in place).
+void expect_quantized_equals_dequantized(const LlamaModel* blocks, const std::string& path, double max_fraction) {
   ASSERT_NE(blocks, nullptr);
-  auto floats = LlamaModel::load(testing::default_model_path(), LoadOptions{at::kCPU, at::kFloat, false});
+  auto floats = LlamaModel::load(path, LoadOptions{at::kCPU, at::kFloat, false});
   ASSERT_TRUE(floats.ok());
+  const double fraction = static_cast<double>(blocks->decode_weight_bytes()) / static_cast<double>((*floats)->decode_weight_bytes());
+  std::printf("[ %s ] a decode step reads %.1f MB of weight matrices, %.3f of float32\n", blocks->weight_type().c_str(),
+              static_cast<double>(blocks->decode_weight_bytes()) / 1e6, fraction);
+  EXPECT_LT(fraction, max_fraction);
   auto pool = blocks->make_page_pool(16, 1024);
   ASSERT_TRUE(pool.ok());
   const std::vector<int32_t> tokens = prompt_tokens(*blocks, 60, 5);
@@ -168,6 +174,16 @@ TEST(ForwardInvariance, QuantizedWeightsEqualDequantizedWeights) {
     kv.release(*pool);
   }
   EXPECT_TRUE(bitwise_equal(results[0], results[1]));
+}
+
+// SmolLM2: Q4_1 and Q8_0 blocks.
+TEST(ForwardInvariance, QuantizedWeightsEqualDequantizedWeights) {
+  expect_quantized_equals_dequantized(default_model(), testing::default_model_path(), 0.25);
+}
+
+// Qwen2.5-Coder 0.5B (Q4_K_M): Q5_0, Q8_0, Q4_K and Q6_K blocks.
+TEST(ForwardInvariance, Qwen2QuantizedWeightsEqualDequantizedWeights) {
+  expect_quantized_equals_dequantized(testing::qwen_model(), testing::qwen_model_path(), 0.3);
 }
 
 // The libtorch path (the GPU path, run here in float32 on the CPU) computes the same function as

@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu_kernels.h"
 #include "kernels/simd.h"
 #include "model/ggml_dequant.h"
+#include "model/weight_repack.h"
 
 namespace vericache::cpu {
 namespace {
@@ -58,38 +60,60 @@ TEST(Kernels, LinearMatchesDoubleReferenceAndIsRowCountInvariant) {
   }
 }
 
-// Random Q8_0 / Q4_0 / Q4_1 blocks: linear over the blocks equals linear over their dequantization
-// (model/ggml_dequant.h) bit for bit, for the in-register path (<= 4 rows) and the buffered one.
+// Random blocks of every type the kernels read (K-quants repacked as at load): linear over the
+// blocks equals linear over their dequantization (model/ggml_dequant.h) bit for bit, for the
+// in-register path (<= 4 rows) and the buffered one, in both builds; so does an embedding-row lookup.
 TEST(Kernels, QuantizedLinearEqualsLinearOverDequantizedWeights) {
   std::mt19937 rng(11);
-  const int64_t kdim = 96, n = 21, rows = 7;
+  const int64_t kdim = 512, n = 21, rows = 7;  // two K-quant super-blocks per row
   const auto x = random_vector(rows * kdim, 12);
-  struct Case { WeightFormat format; GgmlType type; int64_t block_bytes; int n_scales; };
-  for (const Case c : {Case{WeightFormat::kQ8_0, GgmlType::kQ8_0, 34, 1}, Case{WeightFormat::kQ4_0, GgmlType::kQ4_0, 18, 1},
-                       Case{WeightFormat::kQ4_1, GgmlType::kQ4_1, 20, 2}}) {
-    const int64_t row_bytes = kdim / 32 * c.block_bytes;
-    std::vector<uint8_t> blocks(n * row_bytes);
+  struct Case {
+    GgmlType type;
+    int64_t block_values, block_bytes;
+    std::vector<int> f16_offsets;  // where the block's f16 scales are
+  };
+  const std::vector<Case> cases{{GgmlType::kQ8_0, 32, 34, {0}},   {GgmlType::kQ4_0, 32, 18, {0}},
+                                {GgmlType::kQ4_1, 32, 20, {0, 2}}, {GgmlType::kQ5_0, 32, 22, {0}},
+                                {GgmlType::kQ4_K, 256, 144, {0, 2}}, {GgmlType::kQ6_K, 256, 210, {208}}};
+  for (const Case& c : cases) {
+    const int64_t file_row_bytes = kdim / c.block_values * c.block_bytes;
+    std::vector<uint8_t> blocks(n * file_row_bytes);
     for (auto& b : blocks) b = static_cast<uint8_t>(rng());
-    for (int64_t blk = 0; blk < n * kdim / 32; ++blk) {
-      for (int s = 0; s < c.n_scales; ++s) {  // finite f16 scales in [0.0039, 2)
+    for (int64_t blk = 0; blk < n * kdim / c.block_values; ++blk) {
+      for (const int offset : c.f16_offsets) {  // finite f16 scales in [0.0039, 2)
         const uint16_t h = static_cast<uint16_t>(0x1c00 + rng() % 0x2000) | (rng() % 2 ? 0x8000 : 0);
-        std::memcpy(&blocks[blk * c.block_bytes + 2 * s], &h, 2);
+        std::memcpy(&blocks[blk * c.block_bytes + offset], &h, 2);
       }
     }
     std::vector<float> dense(n * kdim);
     ASSERT_TRUE(dequantize(c.type, blocks.data(), n * kdim, dense.data()).ok());
-    const WeightView quant{c.format, blocks.data(), n, kdim, row_bytes};
+    // The kernels read ggml's 32-value blocks as they are and K-quants repacked.
+    const auto repacked = repacked_format(c.type);
+    const WeightFormat format = repacked ? *repacked
+                                : c.type == GgmlType::kQ8_0 ? WeightFormat::kQ8_0
+                                : c.type == GgmlType::kQ4_0 ? WeightFormat::kQ4_0
+                                : c.type == GgmlType::kQ4_1 ? WeightFormat::kQ4_1
+                                                            : WeightFormat::kQ5_0;
+    std::vector<uint8_t> stored = blocks;
+    int64_t row_bytes = file_row_bytes;
+    if (repacked) {
+      row_bytes = repacked_row_bytes(format, kdim);
+      stored.resize(n * row_bytes);
+      repack_rows(c.type, blocks.data(), n, kdim, stored.data());
+    }
+    const WeightView quant{format, stored.data(), n, kdim, row_bytes};
     const WeightView f32{WeightFormat::kF32, dense.data(), n, kdim, kdim * 4};
+    const std::string name = ggml_type_name(c.type);
     for (const KernelTable* k : tables()) {
       for (int64_t m : {1, 3, 4, 7}) {
         std::vector<float> a(m * n), b(m * n);
         k->linear(x.data(), kdim, m, quant, 0, n, a.data(), n);
         k->linear(x.data(), kdim, m, f32, 0, n, b.data(), n);
-        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << k->isa << " rows " << m;
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << name << " " << k->isa << " rows " << m;
       }
       std::vector<float> row(kdim);
       k->weight_row(quant, 5, row.data());
-      EXPECT_EQ(std::memcmp(row.data(), dense.data() + 5 * kdim, kdim * sizeof(float)), 0) << k->isa;
+      EXPECT_EQ(std::memcmp(row.data(), dense.data() + 5 * kdim, kdim * sizeof(float)), 0) << name << " " << k->isa;
     }
   }
 }

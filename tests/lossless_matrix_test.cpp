@@ -320,6 +320,12 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
                      ri, {reference[i]}, &results[name][kRatios[ri]][x][1]);
           }
         }
+        int64_t mismatched = 0;
+        for (const auto& [x, by_batch] : results[name][kRatios[ri]])
+          for (const auto& [batch, r] : by_batch) mismatched += r.mismatched;
+        std::fprintf(stderr, "[matrix] prompts %zu-%zu: %s c = %.2f done (every x, batches 1 and 8): %lld mismatched, %.0f s\n",
+                     g0, g1 - 1, name.c_str(), kRatios[ri], static_cast<long long>(mismatched),
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
     }
     for (Prefilled& p : prefilled) p.kv.release(*prefill_pool);

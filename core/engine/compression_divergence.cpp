@@ -42,25 +42,48 @@ double kl_divergence_of_logits(const float* p_logits, const float* q_logits, int
   return std::max(kl, 0.0);  // rounding can leave -1e-17 when the two rows are equal
 }
 
+Result<GreedyReference> full_kv_greedy_reference(const LlamaModel& model, PagePool& full_pool, SequenceKv& full,
+                                                 int32_t first_token, int64_t start, int64_t steps) {
+  const int64_t vocab = model.config().vocab_size;
+  GreedyReference out;
+  out.logits.reserve(static_cast<size_t>(steps * vocab));
+  int32_t token = first_token;
+  for (int64_t i = 0; i < steps; ++i) {
+    at::Tensor p;
+    VC_RETURN_IF_ERROR(step(model, full_pool, full, token, start + i, nullptr, 1.0, &p));
+    const float* row = p[0].data_ptr<float>();
+    out.tokens.push_back(token);
+    out.logits.insert(out.logits.end(), row, row + vocab);
+    token = argmax(row, vocab);
+  }
+  return out;
+}
+
+Result<std::vector<DivergenceStep>> divergence_along(const LlamaModel& model, const GreedyReference& reference,
+                                                     PagePool& compressed_pool, SequenceKv& compressed, int64_t start,
+                                                     Compressor* online, double ratio) {
+  const int64_t vocab = model.config().vocab_size;
+  std::vector<DivergenceStep> out;
+  for (size_t i = 0; i < reference.tokens.size(); ++i) {
+    at::Tensor q;
+    const int32_t token = reference.tokens[i];
+    VC_RETURN_IF_ERROR(
+        step(model, compressed_pool, compressed, token, start + static_cast<int64_t>(i), online, ratio, &q));
+    const float* p_row = reference.logits.data() + i * static_cast<size_t>(vocab);
+    const float* q_row = q[0].data_ptr<float>();
+    out.push_back({token, kl_divergence_of_logits(p_row, q_row, vocab), argmax(p_row, vocab) == argmax(q_row, vocab)});
+  }
+  return out;
+}
+
 Result<std::vector<DivergenceStep>> divergence_along_full_kv_greedy(const LlamaModel& model, PagePool& full_pool,
                                                                     SequenceKv& full, PagePool& compressed_pool,
                                                                     SequenceKv& compressed, int32_t first_token,
                                                                     int64_t start, int64_t steps, Compressor* online,
                                                                     double ratio) {
-  const int64_t vocab = model.config().vocab_size;
-  std::vector<DivergenceStep> out;
-  int32_t token = first_token;
-  for (int64_t i = 0; i < steps; ++i) {
-    at::Tensor p, q;
-    VC_RETURN_IF_ERROR(step(model, full_pool, full, token, start + i, nullptr, 1.0, &p));
-    VC_RETURN_IF_ERROR(step(model, compressed_pool, compressed, token, start + i, online, ratio, &q));
-    const float* p_row = p[0].data_ptr<float>();
-    const float* q_row = q[0].data_ptr<float>();
-    const int32_t p_best = argmax(p_row, vocab), q_best = argmax(q_row, vocab);
-    out.push_back({token, kl_divergence_of_logits(p_row, q_row, vocab), p_best == q_best});
-    token = p_best;
-  }
-  return out;
+  auto reference = full_kv_greedy_reference(model, full_pool, full, first_token, start, steps);
+  if (!reference.ok()) return reference.status();
+  return divergence_along(model, *reference, compressed_pool, compressed, start, online, ratio);
 }
 
 }  // namespace vericache

@@ -23,14 +23,30 @@ struct DivergenceStep {
   bool same_argmax = false;  // the compressed cache's greedy next token is the full-KV one
 };
 
-// `full` and `compressed` hold the same prompt of `start` tokens (the compressed one after
-// compression: its slots carry their own positions); `first_token` is the full-KV greedy token
-// after the prompt. Step i feeds token t_i at position start + i to each cache in a one-token
-// forward, compares the two next-token distributions, and takes t_{i+1} = argmax of the full-KV
-// logits. An online compressor (`online`, nullptr for none) sees the compressed cache's forwards at
-// kept fraction `ratio` and its drops are applied, as in the engine.
-// Both caches grow by `steps` tokens: their pools must have room (OutOfPages otherwise). Forward
-// and compressor failures are returned; the caches are then left as far as they got.
+// The full-KV greedy continuation of a prompt: the tokens fed and the next-token logits after each.
+struct GreedyReference {
+  std::vector<int32_t> tokens;  // [steps]: t_0 = the first token after the prompt, t_{i+1} = argmax of row i
+  std::vector<float> logits;    // [steps * vocab], row-major: row i is the distribution after t_i
+};
+
+// `full` holds a prompt of `start` tokens; `first_token` is the full-KV greedy token after it.
+// Step i feeds t_i at position start + i in a one-token forward and takes t_{i+1} = argmax of its
+// logits. Computed once per prompt, it is the reference every compressed cache is compared with.
+// `full` grows by `steps` tokens: its pool must have room (OutOfPages otherwise). Forward failures
+// are returned; the cache is then left as far as it got.
+Result<GreedyReference> full_kv_greedy_reference(const LlamaModel& model, PagePool& full_pool, SequenceKv& full,
+                                                 int32_t first_token, int64_t start, int64_t steps);
+
+// `compressed` holds the prompt of `start` tokens after compression (its slots carry their own
+// positions). Step i feeds reference.tokens[i] at position start + i in a one-token forward and
+// compares the next-token distribution with reference row i. An online compressor (`online`,
+// nullptr for none) sees the forwards at kept fraction `ratio` and its drops are applied, as in the
+// engine. `compressed` grows by reference.tokens.size() tokens; failures as above.
+Result<std::vector<DivergenceStep>> divergence_along(const LlamaModel& model, const GreedyReference& reference,
+                                                     PagePool& compressed_pool, SequenceKv& compressed, int64_t start,
+                                                     Compressor* online = nullptr, double ratio = 1.0);
+
+// Both of the above for one compressed cache: `full` and `compressed` hold the same prompt.
 Result<std::vector<DivergenceStep>> divergence_along_full_kv_greedy(const LlamaModel& model, PagePool& full_pool,
                                                                     SequenceKv& full, PagePool& compressed_pool,
                                                                     SequenceKv& compressed, int32_t first_token,

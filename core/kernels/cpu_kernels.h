@@ -17,10 +17,14 @@
 
 namespace vericache::cpu {
 
-// How a weight matrix [n][k] is stored. Quantized rows are ggml blocks (model/ggml_dequant.h); the
-// kernels dequantize them on the fly into exactly the floats ggml_dequant produces, so a linear
-// over quantized weights gives the same bits as over their float32 dequantization.
-enum class WeightFormat { kF32, kQ8_0, kQ4_0, kQ4_1 };
+// How a weight matrix [n][k] is stored. Quantized rows are blocks of 32 values: ggml's own
+// (Q8_0, Q4_0, Q4_1, Q5_0; model/ggml_dequant.h), or K-quants repacked at load with float32
+// scales (model/weight_repack.h):
+//   kNibbleF32  24 B: f32 d | f32 m | u8 qs[16]       value i = d*nib(i) + m (nibbles as Q4_1)
+//   kInt8F32    40 B: f32 s0 | f32 s1 | int8 q[32]     value i = s_{i/16} * q[i]
+// The kernels dequantize them on the fly into exactly the floats ggml_dequant produces, so a
+// linear over quantized weights gives the same bits as over their float32 dequantization.
+enum class WeightFormat { kF32, kQ8_0, kQ4_0, kQ4_1, kQ5_0, kNibbleF32, kInt8F32 };
 
 struct WeightView {
   WeightFormat format = WeightFormat::kF32;

@@ -97,24 +97,61 @@ template <>
 struct BlockTraits<WeightFormat::kQ4_1> {
   static constexpr int64_t kBytes = 20;
 };
+template <>
+struct BlockTraits<WeightFormat::kQ5_0> {
+  static constexpr int64_t kBytes = 22;
+};
+template <>
+struct BlockTraits<WeightFormat::kNibbleF32> {
+  static constexpr int64_t kBytes = 24;
+};
+template <>
+struct BlockTraits<WeightFormat::kInt8F32> {
+  static constexpr int64_t kBytes = 40;
+};
 
-// The 32 values of block b of a row: lo = values 0..15, hi = values 16..31.
+inline float load_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// The 32 values of block b of a row (values 32b .. 32b + 31): lo = the first 16, hi = the rest.
 template <WeightFormat F>
 inline void dequant_block(const uint8_t* row, int64_t b, Vec16* lo, Vec16* hi) {
   const uint8_t* block = row + b * BlockTraits<F>::kBytes;
-  const Vec16 d = simd::set1(simd::half_to_float(load_u16(block)));
-  if constexpr (F == WeightFormat::kQ8_0) {
-    const auto* q = reinterpret_cast<const int8_t*>(block + 2);
-    *lo = simd::mul(simd::signed_bytes(q), d);
-    *hi = simd::mul(simd::signed_bytes(q + 16), d);
-  } else if constexpr (F == WeightFormat::kQ4_0) {
-    const Vec16 table = simd::mul(d, simd::sub(simd::iota(), simd::set1(8.0f)));
-    *lo = simd::lookup_nibbles(table, block + 2, 0);
-    *hi = simd::lookup_nibbles(table, block + 2, 4);
+  if constexpr (F == WeightFormat::kNibbleF32) {
+    const Vec16 table = simd::add(simd::mul(simd::set1(load_f32(block)), simd::iota()), simd::set1(load_f32(block + 4)));
+    *lo = simd::lookup_nibbles(table, block + 8, 0);
+    *hi = simd::lookup_nibbles(table, block + 8, 4);
+  } else if constexpr (F == WeightFormat::kInt8F32) {
+    const auto* q = reinterpret_cast<const int8_t*>(block + 8);
+    *lo = simd::mul(simd::set1(load_f32(block)), simd::signed_bytes(q));
+    *hi = simd::mul(simd::set1(load_f32(block + 4)), simd::signed_bytes(q + 16));
   } else {
-    const Vec16 table = simd::add(simd::mul(d, simd::iota()), simd::set1(simd::half_to_float(load_u16(block + 2))));
-    *lo = simd::lookup_nibbles(table, block + 4, 0);
-    *hi = simd::lookup_nibbles(table, block + 4, 4);
+    const Vec16 d = simd::set1(simd::half_to_float(load_u16(block)));
+    if constexpr (F == WeightFormat::kQ8_0) {
+      const auto* q = reinterpret_cast<const int8_t*>(block + 2);
+      *lo = simd::mul(simd::signed_bytes(q), d);
+      *hi = simd::mul(simd::signed_bytes(q + 16), d);
+    } else if constexpr (F == WeightFormat::kQ5_0) {
+      // 16 bytes of nibbles after 32 fifth bits: value = d * (q - 16), from a 32-entry table.
+      uint32_t high;
+      std::memcpy(&high, block + 2, sizeof high);
+      const Vec16 table_lo = simd::mul(d, simd::sub(simd::iota(), simd::set1(16.0f)));
+      const Vec16 table_hi = simd::mul(d, simd::iota());
+      *lo = simd::lookup_five_bits(table_lo, table_hi, block + 6, 0, high);
+      *hi = simd::lookup_five_bits(table_lo, table_hi, block + 6, 4, high >> 16);
+    } else if constexpr (F == WeightFormat::kQ4_0) {
+      const Vec16 table = simd::mul(d, simd::sub(simd::iota(), simd::set1(8.0f)));
+      *lo = simd::lookup_nibbles(table, block + 2, 0);
+      *hi = simd::lookup_nibbles(table, block + 2, 4);
+    } else {
+      static_assert(F == WeightFormat::kQ4_1);
+      const Vec16 table = simd::add(simd::mul(d, simd::iota()), simd::set1(simd::half_to_float(load_u16(block + 2))));
+      *lo = simd::lookup_nibbles(table, block + 4, 0);
+      *hi = simd::lookup_nibbles(table, block + 4, 4);
+    }
   }
 }
 
@@ -138,6 +175,9 @@ inline void dequant_rows(const WeightView& w, int64_t n0, int64_t n1, float* out
       case WeightFormat::kQ8_0: dequant_row<WeightFormat::kQ8_0>(row, w.k, out); break;
       case WeightFormat::kQ4_0: dequant_row<WeightFormat::kQ4_0>(row, w.k, out); break;
       case WeightFormat::kQ4_1: dequant_row<WeightFormat::kQ4_1>(row, w.k, out); break;
+      case WeightFormat::kQ5_0: dequant_row<WeightFormat::kQ5_0>(row, w.k, out); break;
+      case WeightFormat::kNibbleF32: dequant_row<WeightFormat::kNibbleF32>(row, w.k, out); break;
+      case WeightFormat::kInt8F32: dequant_row<WeightFormat::kInt8F32>(row, w.k, out); break;
     }
   }
 }
@@ -193,6 +233,11 @@ inline void linear(const float* x, int64_t ldx, int64_t m_total, const WeightVie
       case WeightFormat::kQ8_0: return linear_quant_small<WeightFormat::kQ8_0>(x, ldx, m_total, w, n0, n1, y, ldy);
       case WeightFormat::kQ4_0: return linear_quant_small<WeightFormat::kQ4_0>(x, ldx, m_total, w, n0, n1, y, ldy);
       case WeightFormat::kQ4_1: return linear_quant_small<WeightFormat::kQ4_1>(x, ldx, m_total, w, n0, n1, y, ldy);
+      case WeightFormat::kQ5_0: return linear_quant_small<WeightFormat::kQ5_0>(x, ldx, m_total, w, n0, n1, y, ldy);
+      case WeightFormat::kNibbleF32:
+        return linear_quant_small<WeightFormat::kNibbleF32>(x, ldx, m_total, w, n0, n1, y, ldy);
+      case WeightFormat::kInt8F32:
+        return linear_quant_small<WeightFormat::kInt8F32>(x, ldx, m_total, w, n0, n1, y, ldy);
       case WeightFormat::kF32: break;
     }
   }

@@ -79,6 +79,14 @@ inline Vec16 lookup_nibbles(Vec16 table, const uint8_t* p, int shift) {
   if (shift != 0) idx = _mm512_srli_epi32(idx, shift);
   return {_mm512_permutexvar_ps(idx, table.v)};  // uses index bits 3..0 only
 }
+// Lane i: a 5-bit code looked up in the 32-entry table (lo = entries 0..15, hi = 16..31), the code
+// being ((p[i] >> shift) & 15) | (bit i of `high_bits`) << 4 (a Q5_0 value).
+inline Vec16 lookup_five_bits(Vec16 lo, Vec16 hi, const uint8_t* p, int shift, uint32_t high_bits) {
+  __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  idx = _mm512_and_si512(_mm512_srli_epi32(idx, shift), _mm512_set1_epi32(0x0f));
+  idx = _mm512_mask_or_epi32(idx, static_cast<__mmask16>(high_bits & 0xffffu), idx, _mm512_set1_epi32(16));
+  return {_mm512_permutex2var_ps(lo.v, idx, hi.v)};
+}
 inline Vec16 iota() { return {_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}; }
 
 #else
@@ -139,6 +147,12 @@ inline Vec16 nibbles(const uint8_t* p, int shift) {
 inline Vec16 signed_bytes(const int8_t* p) { return map([&](int i) { return static_cast<float>(p[i]); }); }
 inline Vec16 lookup_nibbles(Vec16 table, const uint8_t* p, int shift) {
   return map([&](int i) { return table.v[(p[i] >> shift) & 0x0f]; });
+}
+inline Vec16 lookup_five_bits(Vec16 lo, Vec16 hi, const uint8_t* p, int shift, uint32_t high_bits) {
+  return map([&](int i) {
+    const int code = ((p[i] >> shift) & 0x0f) | static_cast<int>(((high_bits >> i) & 1u) << 4);
+    return code < 16 ? lo.v[code] : hi.v[code - 16];
+  });
 }
 inline Vec16 iota() { return map([](int i) { return static_cast<float>(i); }); }
 

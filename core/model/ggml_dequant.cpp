@@ -94,17 +94,6 @@ void dequant_q5_1(const uint8_t* b, float* y) {
   for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(q5_value(b + 8, qh, i)) + m;
 }
 
-// The 6-bit scale and min of sub-block j (0..7) in the 12-byte K-quant scale array.
-void k_scale_min(const uint8_t* s, int j, uint8_t* scale, uint8_t* min) {
-  if (j < 4) {
-    *scale = s[j] & 63;
-    *min = s[j + 4] & 63;
-  } else {
-    *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 // Q4_K and Q5_K share the super-block layout; Q5_K adds a fifth bit per value from qh[32].
 template <bool kFifthBit>
 void dequant_k_quant(const uint8_t* b, float* y) {
@@ -115,7 +104,7 @@ void dequant_k_quant(const uint8_t* b, float* y) {
   const uint8_t* qs = kFifthBit ? b + 48 : b + 16;
   for (int j = 0; j < 8; ++j) {
     uint8_t sc, m;
-    k_scale_min(scales, j, &sc, &m);
+    k_quant_scale_min(scales, j, &sc, &m);
     const float dj = d * static_cast<float>(sc);
     const float mj = dmin * static_cast<float>(m);
     const uint8_t* q = qs + 32 * (j / 2);

@@ -53,6 +53,18 @@ struct GgmlTypeInfo {
   bool dequantizable;  // ggml_dequant.h handles it
 };
 
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block, from its 12-byte
+// scale array (the block's bytes 4..15).
+inline void k_quant_scale_min(const uint8_t* scales, int j, uint8_t* scale, uint8_t* min) {
+  if (j < 4) {
+    *scale = scales[j] & 63;
+    *min = scales[j + 4] & 63;
+  } else {
+    *scale = (scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4);
+    *min = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+  }
+}
+
 // nullptr for a number that names no ggml type.
 const GgmlTypeInfo* ggml_type_info(uint32_t type);
 // "Q4_K", or "type <n>" for an unknown number.

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "model/ggml_dequant.h"
+#include "model/weight_repack.h"
 #include "util/check.h"
 #include "util/printable.h"
 
@@ -51,7 +52,8 @@ std::optional<cpu::WeightFormat> kernel_format(GgmlType type) {
     case GgmlType::kQ8_0: return cpu::WeightFormat::kQ8_0;
     case GgmlType::kQ4_0: return cpu::WeightFormat::kQ4_0;
     case GgmlType::kQ4_1: return cpu::WeightFormat::kQ4_1;
-    default: return std::nullopt;
+    case GgmlType::kQ5_0: return cpu::WeightFormat::kQ5_0;
+    default: return repacked_format(type);  // K-quants, repacked at load
   }
 }
 
@@ -105,11 +107,17 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& path, co
   model->kernels_ = &cpu::best_kernels();
   model->fingerprint_ = model->compute_fingerprint();
   VC_RETURN_IF_ERROR(model->place_weights());
+  auto bytes = [](const Weight& w) { return static_cast<int64_t>(w.tensor.nbytes()); };
+  model->decode_weight_bytes_ = bytes(model->output_);
+  for (const Layer& L : model->layers_) {
+    model->decode_weight_bytes_ += bytes(L.wqkv) + bytes(L.wo) + bytes(L.w_gate_up) + bytes(L.w_down);
+  }
   return model;
 }
 
-// Rows of the named matrices stacked in order (each [rows, k]): kept in their ggml blocks when the
-// CPU kernels read that type in place and all parts share it, else dequantized to float32.
+// Rows of the named matrices stacked in order (each [rows, k]): kept in their ggml blocks (K-quants
+// repacked, model/weight_repack.h) when the CPU kernels read that type and all parts share it, else
+// dequantized to float32.
 Result<LlamaModel::Weight> LlamaModel::load_matrix(const GgufFile& file, const std::vector<std::string>& names,
                                                    const std::vector<int64_t>& rows, int64_t k) const {
   std::vector<const GgufTensorInfo*> parts;
@@ -125,10 +133,19 @@ Result<LlamaModel::Weight> LlamaModel::load_matrix(const GgufFile& file, const s
 
   Weight w;
   if (in_place) {
-    const auto row_bytes = static_cast<int64_t>(parts[0]->n_bytes / parts[0]->dims[1]);
+    const bool repack = repacked_format(parts[0]->type).has_value();
+    const auto row_bytes = repack ? repacked_row_bytes(*format, k)
+                                  : static_cast<int64_t>(parts[0]->n_bytes / parts[0]->dims[1]);
     w.tensor = at::empty({n, row_bytes}, at::kByte);
     auto* dst = w.tensor.data_ptr<uint8_t>();
-    for (const GgufTensorInfo* p : parts) dst = std::copy_n(p->data, p->n_bytes, dst);
+    for (const GgufTensorInfo* p : parts) {
+      if (repack) {
+        repack_rows(p->type, p->data, p->dims[1], k, dst);
+        dst += p->dims[1] * row_bytes;
+      } else {
+        dst = std::copy_n(p->data, p->n_bytes, dst);
+      }
+    }
     w.view = cpu::WeightView{*format, w.tensor.data_ptr(), n, k, row_bytes};
     return w;
   }

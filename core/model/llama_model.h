@@ -54,10 +54,11 @@ enum class ForwardPath { kCpuKernels, kTorch };
 struct LoadOptions {
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kFloat;  // weights and KV; the CPU kernels need float32
-  // CPU kernels: keep Q8_0 / Q4_0 / Q4_1 matrices in their ggml blocks and dequantize them on the
-  // fly into the very floats a load-time dequantization gives (same logits, a fraction of the
-  // bytes per decode step). false: dequantize every matrix to float32 at load. Other types are
-  // always dequantized at load; other devices always get dequantized weights.
+  // CPU kernels: keep Q8_0 / Q4_0 / Q4_1 / Q5_0 matrices in their ggml blocks (Q4_K / Q6_K repacked
+  // with float32 scales, model/weight_repack.h) and dequantize them on the fly into the very floats a load-time dequantization gives (same logits,
+  // a fraction of the bytes per decode step). Q, K and V rows are stacked into one matrix, kept in
+  // blocks only when the three share a type. false: dequantize every matrix to float32 at load.
+  // Other types are always dequantized at load; other devices always get dequantized weights.
   bool quantized_weights = true;
 };
 
@@ -92,6 +93,9 @@ class LlamaModel {
   bool tied_embeddings() const { return tied_embeddings_; }
   // The file's quantization, e.g. "Q4_1" (most common type among the 2-D weights).
   const std::string& weight_type() const { return weight_type_; }
+  // Bytes of the weight matrices one decode step reads in full, as held (ggml blocks, or floats of
+  // the model dtype): every layer's and the output matrix (an untied token embedding is read by row).
+  int64_t decode_weight_bytes() const { return decode_weight_bytes_; }
   // The recognised chat template, or the reason there is none.
   Result<ChatTemplate> chat_template() const;
 
@@ -171,6 +175,7 @@ class LlamaModel {
   Status chat_template_status_;
   bool tied_embeddings_ = true;
   std::string weight_type_;
+  int64_t decode_weight_bytes_ = 0;
   std::string fingerprint_;  // ModelShape::fingerprint, computed once at load
   Weight token_embedding_;      // [vocab, d_model]
   at::Tensor output_norm_;      // [d_model] float32

@@ -164,9 +164,10 @@ WEIGHTS_NOTE_SMOLLM2 = [
     "  activations; F32 with an F32 KV cache).",
 ]
 WEIGHTS_NOTE_QWEN = [
-    "- VeriCache computes in float32 with an f32 KV cache; Q4_K / Q5_0 / Q6_K weights are dequantized to",
-    "  float32 when the model loads (4x the bytes of the file to read per decode step), Q8_0 stays in blocks.",
-    "  llama.cpp computes on the file's own types with its default F16 KV cache.",
+    "- VeriCache computes in float32 with an f32 KV cache; Q4_K / Q5_0 / Q6_K / Q8_0 weights stay in their",
+    "  blocks and are dequantized on the fly into exactly the floats of a load-time dequantization (a Q, K, V",
+    "  stack whose parts differ in type, as attn_v often does in Q4_K_M files, is held in float32).",
+    "  llama.cpp computes on the file's own types with its default F16 KV cache and quantized activations.",
 ]
 
 

@@ -1,0 +1,169 @@
+#include "sim/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <random>
+#include <string>
+
+#include "sim/throughput_model.h"
+
+namespace vericache::sim {
+namespace {
+
+struct Request {
+  int64_t generated = 0;   // tokens output so far
+  int64_t drafts = 0;      // drafted since the last verify
+  bool reloading = false;  // its full cache is on its way or resident
+  double reload_done_s = 0;
+};
+
+struct Interval {
+  double start, end;
+};
+
+Status check(const SimulationConfig& c) {
+  auto bad = [](const std::string& what) { return Status::invalid_argument("simulate: " + what); };
+  if (!(c.weight_bytes >= 0) || !(c.kv_bytes_per_token > 0)) return bad("weight and KV sizes must be positive");
+  if (!(c.hbm_bandwidth > 0) || !(c.link_bandwidth > 0)) return bad("bandwidths must be positive");
+  if (c.context < 1 || c.output_tokens < 1 || c.batch < 1 || c.requests < 1) {
+    return bad("context, output tokens, batch and requests must be at least 1");
+  }
+  if (!(c.ratio > 0 && c.ratio <= 1) || !(c.alpha >= 0 && c.alpha <= 1)) return bad("c must be in (0, 1], alpha in [0, 1]");
+  if (c.draft_length < 1 || c.draft_length + 1 >= c.window) return bad("need 1 <= x and x + 1 < W");
+  return Status();
+}
+
+}  // namespace
+
+Result<SimulationResult> simulate(const SimulationConfig& c) {
+  VC_RETURN_IF_ERROR(check(c));
+  const double b = c.kv_bytes_per_token;
+  const int64_t batch = std::min(c.batch, c.requests);
+  auto kv_full = [&](const Request& r) { return static_cast<double>(c.context + r.generated) * b; };
+  auto kv_comp = [&](const Request& r) { return (c.ratio * static_cast<double>(c.context) + static_cast<double>(r.generated + r.drafts)) * b; };
+
+  // The rings' iteration length: Eq. 3's T_gpu at the starting context, what an iteration takes
+  // when nothing stalls (the link's share of it is what the link ring offers); their memory: what
+  // the weights and every compressed cache (grown to its last token) leave.
+  LongContextInputs eq3;
+  eq3.weight_bytes = c.weight_bytes;
+  eq3.kv_full_bytes = static_cast<double>(c.context) * b;
+  eq3.hbm_bandwidth = c.hbm_bandwidth;
+  eq3.link_bandwidth = c.link_bandwidth;
+  eq3.batch = batch;
+  eq3.ratio = c.ratio;
+  eq3.draft_length = c.draft_length;
+  const double iteration_s = estimate_long_context(eq3).t_gpu_s;
+  const double compressed_bytes =
+      static_cast<double>(batch) * (c.ratio * static_cast<double>(c.context) + static_cast<double>(c.output_tokens + c.draft_length)) * b;
+  const double streamed_room = c.memory_bytes - c.weight_bytes - compressed_bytes;
+  if (streamed_room < static_cast<double>(c.context + c.output_tokens) * b) {
+    return Status::invalid_argument("simulate: device memory (" + std::to_string(c.memory_bytes / 1e9) +
+                                    " GB) cannot hold the weights, every compressed cache and one full cache");
+  }
+  sched::ReloadSchedulerOptions so;
+  so.policy = c.policy;
+  so.window = c.window;
+  so.draft_length = c.draft_length;
+  so.iteration_seconds = iteration_s;
+  so.link_bandwidth = c.link_bandwidth;
+  so.memory_capacity_bytes = streamed_room;
+  sched::ReloadScheduler scheduler(so);
+
+  std::map<int64_t, Request> active;
+  int64_t started = 0;
+  for (; started < batch; ++started) {
+    active[started] = Request{};
+    VC_RETURN_IF_ERROR(scheduler.admit(started, static_cast<double>(c.context) * b));
+  }
+  std::mt19937_64 rng(c.seed);
+  std::bernoulli_distribution accept(c.alpha);
+
+  SimulationResult out;
+  double now = 0, link_free = 0, link_busy_total = 0;
+  std::deque<Interval> link_jobs;
+  int64_t drafts_verified = 0;
+  while (!active.empty()) {
+    if (out.iterations >= c.max_iterations) {
+      return Status::internal("simulate: " + std::to_string(out.iterations) + " iterations passed with " +
+                              std::to_string(active.size()) + " requests unfinished");
+    }
+    const sched::ReloadScheduler::Events events = scheduler.events_now();
+    for (const sched::ReloadPlan& p : events.reloads_starting) {
+      Request& r = active.at(p.request);
+      const double start = std::max(now, link_free), seconds = kv_full(r) / c.link_bandwidth;
+      link_free = start + seconds;
+      r.reloading = true;
+      r.reload_done_s = link_free;
+      link_jobs.push_back({start, link_free});
+      link_busy_total += seconds;
+      out.reload_bytes += kv_full(r);
+    }
+    double forward_start = now, bytes_read = c.weight_bytes, memory = c.weight_bytes;
+    std::vector<int64_t> verifying;
+    for (const sched::ReloadPlan& p : events.verifying) {
+      verifying.push_back(p.request);
+      forward_start = std::max(forward_start, active.at(p.request).reload_done_s);
+    }
+    for (auto& [id, r] : active) {
+      const bool verifies = std::find(verifying.begin(), verifying.end(), id) != verifying.end();
+      bytes_read += verifies ? kv_full(r) : kv_comp(r);
+      memory += kv_comp(r) + (r.reloading ? kv_full(r) : 0.0);
+    }
+    const double end = forward_start + bytes_read / c.hbm_bandwidth;
+
+    IterationRecord rec;
+    rec.start_s = now;
+    rec.seconds = end - now;
+    rec.stall_s = forward_start - now;
+    rec.memory_bytes = memory;
+    while (!link_jobs.empty() && link_jobs.front().end <= now) link_jobs.pop_front();
+    for (const Interval& j : link_jobs) rec.link_busy_s += std::max(0.0, std::min(j.end, end) - std::max(j.start, now));
+
+    for (auto& [id, r] : active) {
+      if (std::find(verifying.begin(), verifying.end(), id) == verifying.end()) ++r.drafts;
+    }
+    for (int64_t id : verifying) {
+      Request& r = active.at(id);
+      int64_t accepted = 0;
+      while (accepted < r.drafts && accept(rng)) ++accepted;
+      const int64_t tokens = std::min(accepted + 1, c.output_tokens - r.generated);
+      drafts_verified += r.drafts;
+      r.generated += tokens;
+      r.drafts = 0;
+      r.reloading = false;
+      rec.tokens += static_cast<int32_t>(tokens);
+      ++rec.verifies;
+      if (r.generated >= c.output_tokens) {
+        active.erase(id);
+        if (started < c.requests) {
+          active[started] = Request{};
+          VC_RETURN_IF_ERROR(scheduler.admit(started, static_cast<double>(c.context) * b));
+          ++started;
+        }
+      } else {
+        VC_RETURN_IF_ERROR(scheduler.admit(id, kv_full(r)));
+      }
+    }
+    out.tokens += rec.tokens;
+    out.verifies += rec.verifies;
+    out.stall_seconds += rec.stall_s;
+    out.peak_memory_bytes = std::max(out.peak_memory_bytes, memory);
+    if (c.record_iterations) out.iterations_trace.push_back(rec);
+    scheduler.advance();
+    now = end;
+    ++out.iterations;
+  }
+  out.seconds = now;
+  out.tok_s = now > 0 ? static_cast<double>(out.tokens) / now : 0;
+  out.mean_drafts_per_verify = out.verifies ? static_cast<double>(drafts_verified) / static_cast<double>(out.verifies) : 0;
+  out.mean_acceptance_length = out.verifies ? static_cast<double>(out.tokens) / static_cast<double>(out.verifies) : 0;
+  out.link_busy_fraction = now > 0 ? std::min(1.0, link_busy_total / now) : 0;
+  out.mean_iteration_s = out.iterations ? now / static_cast<double>(out.iterations) : 0;
+  out.fits_memory = out.peak_memory_bytes <= c.memory_bytes;
+  return out;
+}
+
+}  // namespace vericache::sim
