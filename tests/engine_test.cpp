@@ -290,6 +290,118 @@ TEST(Engine, VerifyFromTransientCopiesOverAnEmulatedLink) {
                 " transient device pages (pool: 30)");
 }
 
+// The reload scheduler drives when each request reloads KV_full (over an emulated link) and
+// verifies, under each policy: output identical to full-KV decoding every time, and the policy's
+// shape visible in the steps: staggered keeps the transient pages in use within the memory it is
+// given (one and a half of the largest copy) and spreads verifies among drafting steps; lockstep
+// verifies every running request in the same steps, overbooking that memory; no-overlap stalls
+// every verify on its own copy.
+class StepLog : public StatsSink {
+ public:
+  void on_step(const StepRecord& s) override { steps.push_back(s); }
+  std::vector<StepRecord> steps;
+};
+
+TEST(Engine, EveryReloadPolicyIsLossless) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  auto compressor = plugin("snapkv");
+  ASSERT_NE(compressor, nullptr);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(request_for(medium(12 + i), 24));
+  for (const sched::ReloadPolicy policy :
+       {sched::ReloadPolicy::kStaggered, sched::ReloadPolicy::kLockstep, sched::ReloadPolicy::kNoOverlap}) {
+    const std::string label = sched::policy_name(policy);
+    TransferEngine transfer(TransferOptions{4e9});
+    sched::ReloadSchedulerOptions so;
+    so.policy = policy;
+    so.window = 16;
+    so.draft_length = 4;
+    so.iteration_seconds = 0.02;
+    so.link_bandwidth = 4e9;
+    StepLog log;
+    EngineOptions options;
+    options.compressor = compressor.get();
+    options.draft_length = 4;
+    options.transfer = &transfer;
+    options.sink = &log;
+    int64_t largest_transient = 0;
+    for (const auto& r : requests) {
+      largest_transient =
+          std::max(largest_transient, DraftVerifyEngine::pages_for_request(*m, options, 16, 16, r).transient);
+    }
+    const auto all = DraftVerifyEngine::pages_for_requests(*m, options, 16, 16, requests);
+    auto device = PagePool::create(m->kv_page_spec(16),
+                                   PagePoolOptions{all.device, all.transient, at::kFloat, at::kCPU, false});
+    auto host = m->make_page_pool(16, all.host);
+    ASSERT_TRUE(device.ok() && host.ok());
+    // Room for one request's copy and a half: the staggered policy must never hold two at once.
+    so.memory_capacity_bytes = 1.5 * static_cast<double>(largest_transient * device->page_bytes());
+    sched::ReloadScheduler scheduler(so);
+    options.scheduler = &scheduler;
+    EngineRun run;
+    {
+      DraftVerifyEngine engine(*m, *device, *host, options);
+      for (const auto& r : requests) ASSERT_TRUE(engine.add_request(r).ok());
+      const Status s = engine.run();
+      ASSERT_TRUE(s.ok()) << label << ": " << s.message();
+      run.results = engine.take_finished();
+      run.totals = engine.totals();
+    }
+    std::sort(run.results.begin(), run.results.end(),
+              [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
+    expect_identical(run, full_kv(*m, requests), label);
+    EXPECT_EQ(transfer.stats().transfers, run.totals.verify_windows) << label;
+    EXPECT_EQ(device->num_free(PageKind::kTransient), all.transient) << label << ": transient pages leaked";
+    int64_t most_verifies = 0, mixed_steps = 0, verify_steps = 0, stalled_verify_steps = 0;
+    for (const StepRecord& s : log.steps) {
+      most_verifies = std::max(most_verifies, s.verify_items);
+      if (s.verify_items > 0 && s.draft_items > 0) ++mixed_steps;
+      if (s.verify_items > 0) ++verify_steps;
+      if (s.verify_items > 0 && s.stall_seconds > 0) ++stalled_verify_steps;
+    }
+    const double peak_bytes = static_cast<double>(device->peak_in_use(PageKind::kTransient) * device->page_bytes());
+    std::printf("%-10s steps %3zu  verify steps %3lld (stalled %3lld)  most verifies in a step %lld  steps mixing "
+                "drafts and verifies %3lld  peak transient %.1f MB (capacity %.1f MB)\n",
+                label.c_str(), log.steps.size(), static_cast<long long>(verify_steps),
+                static_cast<long long>(stalled_verify_steps), static_cast<long long>(most_verifies),
+                static_cast<long long>(mixed_steps), peak_bytes / 1e6, so.memory_capacity_bytes / 1e6);
+    EXPECT_GT(run.totals.mean_acceptance_length(), 1.0) << label;
+    switch (policy) {
+      case sched::ReloadPolicy::kStaggered:
+        EXPECT_LE(peak_bytes, so.memory_capacity_bytes) << label << ": the memory ring was not respected";
+        EXPECT_GT(mixed_steps, 0) << label << ": verifies were not spread over steps";
+        break;
+      case sched::ReloadPolicy::kLockstep:
+        // The first verify comes after every prompt is in: from then on all verify together.
+        EXPECT_EQ(most_verifies, 4) << label;
+        EXPECT_EQ(mixed_steps, 0) << label;
+        EXPECT_GT(peak_bytes, so.memory_capacity_bytes) << label << ": four copies at once exceed the capacity";
+        break;
+      case sched::ReloadPolicy::kNoOverlap:
+        EXPECT_EQ(stalled_verify_steps, verify_steps) << label << ": a copy that starts at its verify must stall it";
+        break;
+    }
+  }
+}
+
+TEST(Engine, SchedulerMustPlanTheEnginesDraftLength) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  auto device = m->make_page_pool(16, 10);
+  auto host = m->make_page_pool(16, 10);
+  sched::ReloadSchedulerOptions so;
+  so.draft_length = 8;
+  so.iteration_seconds = 0.01;
+  so.link_bandwidth = 1e9;
+  sched::ReloadScheduler scheduler(so);
+  EngineOptions options;
+  options.draft_length = 4;
+  options.scheduler = &scheduler;
+  DraftVerifyEngine engine(*m, *device, *host, options);
+  EXPECT_EQ(engine.validate_options().message(), "the reload scheduler plans for draft length 8 but the engine's is 4");
+}
+
 TEST(Engine, RejectsBadOptions) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);

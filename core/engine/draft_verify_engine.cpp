@@ -73,6 +73,8 @@ struct DraftVerifyEngine::Request {
   std::vector<std::vector<float>> draft_probs;  // sampled drafts: q of each draft
   bool full_only = false;                       // no KV_comp (no compressor state either)
   bool done = false;
+  bool reload_due = false;  // scheduler: its copy of KV_full is to start (retried until it does)
+  bool verify_due = false;  // scheduler: its verify forward is due
   Status compressor_status;  // a failure inside this forward's observer
   // Online compressor, prefill: positions each (layer, KV head) dropped, in drop order.
   std::vector<std::vector<std::vector<int64_t>>> dropped;
@@ -117,6 +119,11 @@ Status DraftVerifyEngine::validate_options() const {
     return Status::invalid_argument("ratio must be in (0, 1], got " + std::to_string(options_.ratio));
   }
   if (options_.prefill_chunk < 1) return Status::invalid_argument("prefill chunk must be >= 1");
+  if (options_.scheduler != nullptr && options_.scheduler->options().draft_length != options_.draft_length) {
+    return Status::invalid_argument("the reload scheduler plans for draft length " +
+                                    std::to_string(options_.scheduler->options().draft_length) +
+                                    " but the engine's is " + std::to_string(options_.draft_length));
+  }
   if (device_pool_.num_pages(PageKind::kResident) == 0) {
     return Status::invalid_argument("the device pool has no resident pages for compressed caches");
   }
@@ -138,7 +145,7 @@ DraftVerifyEngine::PageDemand DraftVerifyEngine::pages_for_request(const LlamaMo
                                                                    const GenerationRequest& request) {
   const int64_t layers = model.config().n_layers, ctx = model.config().context_length;
   const auto n = static_cast<int64_t>(request.prompt.size());
-  const int64_t x = options.draft_length;
+  const int64_t x = max_window(options);
   const int64_t longest = std::min(n + std::max<int64_t>(request.max_new_tokens, 0), ctx);
   auto pages = [](int64_t slots, int64_t page_size) { return (slots + page_size - 1) / page_size; };
   PageDemand d;
@@ -172,7 +179,7 @@ DraftVerifyEngine::PageDemand DraftVerifyEngine::worst_case(const Request& r) co
   // Past prefill: what is held, plus room for every token still to come and one window.
   const int64_t growth =
       std::max<int64_t>(r.req.max_new_tokens - static_cast<int64_t>(r.result.generation.tokens.size()), 0) +
-      options_.draft_length + 1;
+      max_window(options_) + 1;
   PageDemand d;
   d.host = r.full.pages_held() + r.full.pages_needed(host_pool_.spec(), growth);
   d.device = r.full_only ? 0 : r.comp.pages_held() + r.comp.pages_needed(device_pool_.spec(), growth);
@@ -299,7 +306,30 @@ int64_t DraftVerifyEngine::window_for(const Request& r) const {
   const int64_t remaining = r.req.max_new_tokens - static_cast<int64_t>(r.result.generation.tokens.size());
   // The verify forward runs positions committed .. committed + x, all inside the context.
   const int64_t room = model_.config().context_length - 1 - r.committed;
-  return std::clamp<int64_t>(std::min(remaining - 1, room), 0, options_.draft_length);
+  return std::clamp<int64_t>(std::min(remaining - 1, room), 0, max_window(options_));
+}
+
+int64_t DraftVerifyEngine::max_window(const EngineOptions& options) {
+  return options.scheduler != nullptr ? options.scheduler->options().window - 2 : options.draft_length;
+}
+
+void DraftVerifyEngine::schedule(Request& r) {
+  if (options_.scheduler == nullptr || r.done) return;
+  // What the copy takes: transient pages for KV_full and the window (start_transfer's reservation).
+  const int64_t pages = r.full.n_layers() * device_pool_.spec().pages_for(r.committed + window_for(r) + 1);
+  const Status s = options_.scheduler->admit(r.id, static_cast<double>(pages * device_pool_.page_bytes()));
+  if (!s.ok() && scheduler_status_.ok()) scheduler_status_ = s;
+}
+
+void DraftVerifyEngine::apply_schedule() {
+  const sched::ReloadScheduler::Events events = options_.scheduler->events_now();
+  auto request = [&](int64_t id) -> Request& {
+    const auto it = std::find_if(active_.begin(), active_.end(), [id](const auto& r) { return r->id == id; });
+    VC_CHECK(it != active_.end(), "the scheduler planned a request the engine does not run");
+    return **it;
+  };
+  for (const sched::ReloadPlan& p : events.reloads_starting) request(p.request).reload_due = true;
+  for (const sched::ReloadPlan& p : events.verifying) request(p.request).verify_due = true;
 }
 
 void DraftVerifyEngine::fall_back_to_full(Request& r, const Status& why) {
@@ -313,7 +343,8 @@ void DraftVerifyEngine::fall_back_to_full(Request& r, const Status& why) {
     r.drafts.clear();
     r.draft_probs.clear();
     r.window = 0;
-    r.phase = Phase::kVerify;
+    // With a scheduler it waits for its planned verify, else it verifies its last token now.
+    if (options_.scheduler == nullptr) r.phase = Phase::kVerify;
   }
 }
 
@@ -421,6 +452,7 @@ void DraftVerifyEngine::finish_prefill(Request& r, const float* logits) {
   }
   r.phase = Phase::kDraft;
   commit_token(r, r.pending, r.committed);
+  schedule(r);
   r.result.metrics.prefill_seconds += clock_->now_seconds() - start;
 }
 
@@ -507,14 +539,17 @@ void DraftVerifyEngine::commit_window(Request& r, const float* rows) {
   r.drafts.clear();
   r.draft_probs.clear();
   r.phase = Phase::kDraft;
+  r.verify_due = false;
   for (int64_t i = 0; i < v.accepted; ++i) commit_token(r, drafts[i], old + 1 + i);
   commit_token(r, v.next, end);
+  schedule(r);
 }
 
-Status DraftVerifyEngine::run_forward(std::vector<Request*>& members) {
+Status DraftVerifyEngine::run_forward(std::vector<Request*>& members, double stall_seconds) {
   std::vector<ForwardItem> batch;
   std::vector<Phase> phases;
   StepRecord record;
+  record.stall_seconds = stall_seconds;
   record.start_seconds = clock_->now_seconds();
   for (Request* r : members) {
     phases.push_back(r->phase);
@@ -605,6 +640,10 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members) {
   at::Tensor logits;
   VC_RETURN_IF_ERROR(model_.forward(batch, &logits, observer));
   const double seconds = clock_->now_seconds() - record.start_seconds;
+  if (options_.scheduler != nullptr && record.prefill_items == 0) {
+    iteration_estimate_ = iteration_estimate_ == 0 ? seconds : 0.75 * iteration_estimate_ + 0.25 * seconds;
+    options_.scheduler->set_iteration_seconds(iteration_estimate_);
+  }
 
   const int64_t vocab = model_.config().vocab_size;
   int64_t row = 0;
@@ -631,7 +670,7 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members) {
       }
       r.drafts.push_back(draft);
       r.comp_end = r.committed + static_cast<int64_t>(r.drafts.size());
-      if (static_cast<int64_t>(r.drafts.size()) >= r.window) r.phase = Phase::kVerify;
+      if (options_.scheduler == nullptr && static_cast<int64_t>(r.drafts.size()) >= r.window) r.phase = Phase::kVerify;
     } else {
       m.verify_seconds += seconds;
       const int64_t rows = static_cast<int64_t>(r.tokens.size());
@@ -648,25 +687,42 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members) {
 Status DraftVerifyEngine::step() {
   VC_RETURN_IF_ERROR(validate_options());
   admit();
-  std::vector<Request*> members, waiting;  // waiting: verify windows whose KV_full copy is not in yet
+  sched::ReloadScheduler* scheduler = options_.scheduler;
+  if (scheduler != nullptr) apply_schedule();
+  std::vector<Request*> members;
+  std::vector<Request*> waiting;  // verify windows whose KV_full copy is not in yet
+  std::vector<Request*> stalled;  // scheduler: verifies due whose copy is in flight
+  int64_t running = 0;
   for (auto& r : active_) {
     if (r->done) continue;
+    ++running;
     if (r->phase == Phase::kDraft && r->drafts.empty()) {
-      // A new window starts: how many tokens to draft (0: verify the last token alone), and the
-      // copy of KV_full it will verify against starts now, overlapping the drafting.
+      // A new window starts: how many tokens to draft (0: verify the last token alone).
       r->window = window_for(*r);
-      if (r->window == 0) r->phase = Phase::kVerify;
+      if (r->window == 0 && scheduler == nullptr) r->phase = Phase::kVerify;
     }
-    if (r->phase != Phase::kPrefill) start_transfer(*r);  // retried every step until transient pages are free
+    if (scheduler == nullptr) {
+      // The copy of KV_full the window verifies against starts with it, overlapping the drafting
+      // (retried every step until transient pages are free).
+      if (r->phase != Phase::kPrefill) start_transfer(*r);
+    } else {
+      if (r->verify_due && r->phase == Phase::kDraft) r->phase = Phase::kVerify;
+      if (r->reload_due) {
+        start_transfer(*r);
+        r->reload_due = options_.transfer != nullptr && r->ticket == 0;
+      }
+      if (r->phase == Phase::kDraft && static_cast<int64_t>(r->drafts.size()) >= r->window) continue;
+    }
     if (r->phase == Phase::kVerify && options_.transfer != nullptr) {
-      if (r->ticket == 0 || !options_.transfer->done(r->ticket)) {
+      if (r->ticket == 0 || (scheduler == nullptr && !options_.transfer->done(r->ticket))) {
         waiting.push_back(r.get());
         continue;
       }
+      if (!options_.transfer->done(r->ticket)) stalled.push_back(r.get());
     }
     members.push_back(r.get());
   }
-  if (members.empty() && !waiting.empty()) {
+  if (members.empty() && !waiting.empty() && scheduler == nullptr) {
     // Nothing else to run: block on the first copy in flight (requests without one wait for the
     // transient pages the others hold; if none holds any, submit cannot have failed).
     const auto it = std::find_if(waiting.begin(), waiting.end(), [](const Request* w) { return w->ticket != 0; });
@@ -676,12 +732,17 @@ Status DraftVerifyEngine::step() {
     members.push_back(&r);
     waiting.erase(it);
   }
-  if (members.empty() && !queue_.empty()) {
+  if (running == 0 && !queue_.empty()) {
     return Status::internal("engine: queued requests cannot be admitted although nothing runs");
   }
   if (options_.transfer != nullptr) VC_RETURN_IF_ERROR(options_.transfer->status());
   const double start = clock_->now_seconds();
-  if (!members.empty()) VC_RETURN_IF_ERROR(run_forward(members));
+  for (Request* r : stalled) {
+    options_.transfer->wait(r->ticket);
+    r->result.metrics.transfer_wait_seconds += clock_->now_seconds() - start;
+  }
+  const double stall = stalled.empty() ? 0.0 : clock_->now_seconds() - start;
+  if (!members.empty()) VC_RETURN_IF_ERROR(run_forward(members, stall));
   for (Request* r : waiting) r->result.metrics.transfer_wait_seconds += clock_->now_seconds() - start;
   for (size_t i = 0; i < active_.size();) {
     if (active_[i]->done) {
@@ -690,6 +751,10 @@ Status DraftVerifyEngine::step() {
     } else {
       ++i;
     }
+  }
+  if (scheduler != nullptr) {
+    scheduler->advance();
+    VC_RETURN_IF_ERROR(scheduler_status_);
   }
   return Status();
 }

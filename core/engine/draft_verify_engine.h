@@ -24,6 +24,18 @@
 // An online compressor only ever sees committed tokens (never a draft that may be rolled back),
 // so no compressor state needs rolling back.
 //
+// When to verify and when to reload: without a scheduler every request verifies after its own x
+// drafts and (transfer mode) its copy starts when the window starts. With a sched::ReloadScheduler
+// (EngineOptions::scheduler) the scheduler decides both, under its policy (staggered, lockstep,
+// no-overlap): after a request's prefill and after each verify the engine asks it to place the
+// request's next reload (the bytes of the transient pages the copy takes); each step is one
+// scheduler iteration, whose events start copies and mark verifies due. A request drafts until its
+// verify is due (at most the scheduler's window - 2 drafts, or fewer near its token limit, then it
+// waits); a due verify whose copy is still in flight holds the whole step back (a stall, reported
+// in StepRecord::stall_seconds), as the simulator models it; one whose copy could not start (no
+// transient pages free: lockstep overbooks) runs when its copy is in. The measured forward
+// times (decode steps only) are fed back as the scheduler's iteration length.
+//
 // Requests at different phases share each forward; new requests are admitted between steps when
 // the pools can hold their worst case (admission control: no page allocation can fail later), so
 // a small pool means waiting, never a crash or a lost token. If a compressor fails on a request,
@@ -57,6 +69,7 @@
 #include "kv/page_pool.h"
 #include "kv/transfer_engine.h"
 #include "model/llama_model.h"
+#include "sched/reload_scheduler.h"
 
 namespace vericache {
 
@@ -78,6 +91,9 @@ struct EngineOptions {
   TransferEngine* transfer = nullptr;                      // nullptr: verify in place; else from transient pages
   const Clock* clock = nullptr;                            // nullptr: a SteadyClock
   StatsSink* sink = nullptr;                               // optional
+  // Borrowed; nullptr: each request verifies after its own x drafts. Its draft length must equal
+  // draft_length; the engine owns its admissions and iterations while it runs.
+  sched::ReloadScheduler* scheduler = nullptr;
 };
 
 struct EngineResult {
@@ -155,7 +171,7 @@ class DraftVerifyEngine {
   void start_prefilled(Request& r);
   // Transfer mode: queues the copy of r's KV_full into transient pages when none is queued.
   void start_transfer(Request& r);
-  Status run_forward(std::vector<Request*>& members);
+  Status run_forward(std::vector<Request*>& members, double stall_seconds);
   void finish_prefill(Request& r, const float* logits);
   Status build_compressed(Request& r);
   void commit_window(Request& r, const float* rows);
@@ -164,6 +180,12 @@ class DraftVerifyEngine {
   void commit_token(Request& r, int32_t token, int64_t position);
   void fall_back_to_full(Request& r, const Status& why);
   int64_t window_for(const Request& r) const;
+  // The most drafts one window may take: x, or with a scheduler its window - 2.
+  static int64_t max_window(const EngineOptions& options);
+  // Scheduler: places r's next reload and verify (after prefill and after each verify).
+  void schedule(Request& r);
+  // Scheduler: this iteration's events (copies to start, verifies due).
+  void apply_schedule();
   // Releases a done request's pages and compressor state and moves its result to the finished list.
   void finish(Request& r);
 
@@ -178,6 +200,8 @@ class DraftVerifyEngine {
   std::vector<std::unique_ptr<Request>> active_;
   std::vector<EngineResult> finished_;
   RequestMetrics totals_;
+  Status scheduler_status_;         // the first placement the scheduler refused
+  double iteration_estimate_ = 0;   // scheduler: moving average of decode forward seconds
 };
 
 }  // namespace vericache

@@ -53,6 +53,7 @@ struct StepRecord {
   int64_t draft_items = 0;
   int64_t verify_items = 0;
   int64_t rows = 0;  // token rows in the forward
+  double stall_seconds = 0;  // with a scheduler: waiting, before the forward, for copies due now
 };
 
 // One verified window of one request.

@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "util/check.h"
@@ -73,6 +74,8 @@ Status PagePool::allocate(int64_t n, std::vector<int32_t>* pages, PageKind kind)
     in_use_[p] = true;
     pages->push_back(p);
   }
+  int64_t& peak = peak_[static_cast<int>(kind)];
+  peak = std::max(peak, num_pages(kind) - num_free(kind));
   return Status();
 }
 

@@ -67,6 +67,8 @@ class PagePool {
   int64_t num_free(PageKind kind = PageKind::kResident) const {
     return static_cast<int64_t>(free_[static_cast<int>(kind)].size());
   }
+  // The most pages of `kind` in use at once since the pool was created.
+  int64_t peak_in_use(PageKind kind) const { return peak_[static_cast<int>(kind)]; }
   PageKind kind_of(int32_t page) const { return page < resident_ ? PageKind::kResident : PageKind::kTransient; }
   // Bytes of one page (keys and values).
   int64_t page_bytes() const;
@@ -88,6 +90,7 @@ class PagePool {
   at::Tensor v_pages_;
   std::vector<int32_t> free_[2];  // per kind, a stack: the most recently freed page is reused first
   std::vector<bool> in_use_;
+  int64_t peak_[2] = {0, 0};
 };
 
 }  // namespace vericache

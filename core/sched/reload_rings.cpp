@@ -42,6 +42,11 @@ void ReloadRings::reserve(const Span& span, double seconds, double bytes) {
   }
 }
 
+void ReloadRings::set_link_seconds_per_iteration(double seconds) {
+  VC_CHECK(seconds > 0, "an iteration must take some time");
+  link_capacity_ = seconds;
+}
+
 void ReloadRings::advance() {
   link_[static_cast<size_t>(head_)] = 0;
   memory_[static_cast<size_t>(head_)] = 0;

@@ -40,6 +40,8 @@ class ReloadRings {
   double link_seconds(int64_t offset) const { return link_[slot(offset)]; }
   double memory_bytes(int64_t offset) const { return memory_[slot(offset)]; }
   double link_seconds_per_iteration() const { return link_capacity_; }
+  // A new estimate of T_iter for the reservations made from now on (those made stay as they are).
+  void set_link_seconds_per_iteration(double seconds);
   double memory_capacity_bytes() const { return memory_capacity_; }
 
  private:

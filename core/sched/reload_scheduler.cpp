@@ -100,6 +100,11 @@ ReloadScheduler::Events ReloadScheduler::events_now() {
   return events;
 }
 
+void ReloadScheduler::set_iteration_seconds(double seconds) {
+  rings_.set_link_seconds_per_iteration(seconds);
+  options_.iteration_seconds = seconds;
+}
+
 void ReloadScheduler::advance() {
   rings_.advance();
   ++now_;

@@ -80,6 +80,9 @@ class ReloadScheduler {
   Events events_now();
   // The next iteration.
   void advance();
+  // A measured iteration length (the engine's clock): spans and link capacity of the placements
+  // made from now on use it. The simulator's iterations take the length it was built with.
+  void set_iteration_seconds(double seconds);
 
   int64_t now() const { return now_; }
   size_t waiting() const { return waiting_.size(); }
