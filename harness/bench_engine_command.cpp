@@ -24,27 +24,6 @@
 namespace po = boost::program_options;
 
 namespace vericache::cli {
-namespace {
-
-// Step durations split by what the forward carried: a step with any verify window counts as a
-// verify step (in these lockstep runs every request verifies in the same step).
-class StepTimes : public StatsSink {
- public:
-  void on_step(const StepRecord& s) override {
-    if (s.prefill_items > 0) return;
-    if (s.verify_items > 0) {
-      verify_seconds += s.seconds;
-      ++verify_steps;
-    } else {
-      draft_seconds += s.seconds;
-      ++draft_steps;
-    }
-  }
-  double draft_seconds = 0, verify_seconds = 0;
-  int64_t draft_steps = 0, verify_steps = 0;
-};
-
-}  // namespace
 
 int run_bench_engine(int argc, char** argv) {
   std::string model_arg, text_file, contexts_arg, batches_arg, compressors_arg, drafts_arg;
@@ -95,7 +74,7 @@ int run_bench_engine(int argc, char** argv) {
   auto loaded = load_model(model_arg);
   if (!loaded.ok()) return report_error(loaded.status());
   const LlamaModel& m = **loaded;
-  const int64_t layers = m.config().n_layers, vocab = m.config().vocab_size;
+  const int64_t layers = m.config().n_layers;
   auto compressors = load_offline_compressors(compressors_arg, params_args, m);
   if (!compressors.ok()) return report_status("bench-engine", compressors.status());
   // Every context is checked before the first one runs, so a bad one fails in seconds, not after hours.
@@ -146,28 +125,10 @@ int run_bench_engine(int argc, char** argv) {
       // Full-KV baseline: B copies of the prefill, one token per request per step.
       std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: full-KV baseline\n",
                    static_cast<long long>(context), static_cast<long long>(batch));
-      auto pool = m.make_page_pool(page_size, batch * layers * ((context + decode_tokens) / page_size + 2));
-      if (!pool.ok()) return report_error(pool.status());
-      std::vector<SequenceKv> caches(batch, SequenceKv(layers));
-      for (SequenceKv& kv : caches) {
-        if (Status s = kv.append_range(*pool, base, *base_pool, 0, context); !s.ok()) return report_error(s);
-      }
-      std::vector<std::vector<int32_t>> baseline(batch, {argmax(next_logits.data(), vocab)});
-      t0 = now_seconds();
-      for (int64_t step = 1; step < decode_tokens; ++step) {
-        std::vector<ForwardItem> items;
-        std::vector<std::vector<int32_t>> positions(batch, {static_cast<int32_t>(context + step - 1)});
-        for (int64_t i = 0; i < batch; ++i) {
-          items.push_back({std::span(baseline[i]).last(1), positions[i], &caches[i], &*pool, LogitRows::kLast, i});
-        }
-        at::Tensor logits;
-        if (Status s = m.forward(items, &logits); !s.ok()) return report_error(s);
-        for (int64_t i = 0; i < batch; ++i) baseline[i].push_back(argmax(logits[i].data_ptr<float>(), vocab));
-      }
-      const double baseline_seconds = now_seconds() - t0;
-      const double baseline_step_ms = 1000.0 * baseline_seconds / static_cast<double>(decode_tokens - 1);
-      const double baseline_tok_s = static_cast<double>(batch * (decode_tokens - 1)) / baseline_seconds;
-      for (SequenceKv& kv : caches) kv.release(*pool);
+      auto full = decode_full_kv(m, base, *base_pool, next_logits, batch, decode_tokens, page_size);
+      if (!full.ok()) return report_error(full.status());
+      const double baseline_step_ms = full->step_ms();
+      const double baseline_tok_s = full->tok_s(batch);
 
       for (size_t c = 0; c < compressors->size(); ++c) {
         for (int64_t x : drafts) {
@@ -202,7 +163,7 @@ int run_bench_engine(int argc, char** argv) {
           int64_t mismatches = 0;
           for (const EngineResult& r : results) {
             const auto& got = r.generation.tokens;
-            const auto& want = baseline[r.request_id];
+            const auto& want = full->tokens;
             for (size_t j = 0; j < std::max(got.size(), want.size()); ++j) {
               mismatches += (j >= got.size() || j >= want.size() || got[j] != want[j]) ? 1 : 0;
             }
@@ -210,8 +171,7 @@ int run_bench_engine(int argc, char** argv) {
           total_mismatches += mismatches;
           const RequestMetrics& t = engine.totals();
           const double tok_s = static_cast<double>(batch * (decode_tokens - 1)) / seconds;
-          const double draft_ms = times.draft_steps ? 1000.0 * times.draft_seconds / times.draft_steps : 0.0;
-          const double verify_ms = times.verify_steps ? 1000.0 * times.verify_seconds / times.verify_steps : 0.0;
+          const double draft_ms = times.draft_ms(), verify_ms = times.verify_ms();
           if (json) {
             nlohmann::json out{{"context", context},
                                {"batch", batch},

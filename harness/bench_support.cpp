@@ -9,6 +9,7 @@
 
 #include "cli_common.h"
 #include "engine/compression.h"
+#include "engine/sampler.h"
 #include "util/mapped_file.h"
 
 namespace vericache::cli {
@@ -20,11 +21,7 @@ double now_seconds() {
 Result<std::vector<std::shared_ptr<Compressor>>> load_offline_compressors(const std::string& names,
                                                                           const std::vector<std::string>& params,
                                                                           const LlamaModel& model) {
-  std::vector<std::string> list;
-  std::stringstream ss(names);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (!item.empty()) list.push_back(item);
-  }
+  const std::vector<std::string> list = split_list(names);
   if (list.empty()) return Status::invalid_argument("--compressors is empty");
   std::map<std::string, std::string> json;
   for (const std::string& p : params) {
@@ -111,6 +108,56 @@ Status prefill_observed(const LlamaModel& model, PagePool& pool, SequenceKv& kv,
     next_logits->assign(row, row + model.config().vocab_size);
   }
   return Status();
+}
+
+void StepTimes::on_step(const StepRecord& s) {
+  if (s.prefill_items > 0) return;
+  stall_seconds += s.stall_seconds;
+  if (s.verify_items > 0) {
+    verify_seconds += s.seconds;
+    ++verify_steps;
+  } else {
+    draft_seconds += s.seconds;
+    ++draft_steps;
+  }
+}
+
+double FullKvDecode::step_ms() const {
+  return tokens.size() > 1 ? 1e3 * seconds / static_cast<double>(tokens.size() - 1) : 0.0;
+}
+
+double FullKvDecode::tok_s(int64_t batch) const {
+  return seconds > 0 ? static_cast<double>(batch) * static_cast<double>(tokens.size() - 1) / seconds : 0.0;
+}
+
+Result<FullKvDecode> decode_full_kv(const LlamaModel& model, const SequenceKv& base, const PagePool& base_pool,
+                                    std::span<const float> next_logits, int64_t batch, int64_t decode_tokens,
+                                    int64_t page_size) {
+  const int64_t layers = model.config().n_layers, vocab = model.config().vocab_size, context = base.length(0);
+  VC_ASSIGN_OR_RETURN(PagePool pool,
+                      model.make_page_pool(page_size, batch * layers * ((context + decode_tokens) / page_size + 2)));
+  std::vector<SequenceKv> caches(batch, SequenceKv(layers));
+  for (SequenceKv& kv : caches) VC_RETURN_IF_ERROR(kv.append_range(pool, base, base_pool, 0, context));
+  std::vector<std::vector<int32_t>> tokens(batch, {argmax(next_logits.data(), vocab)});
+  const double start = now_seconds();
+  for (int64_t step = 1; step < decode_tokens; ++step) {
+    std::vector<ForwardItem> items;
+    std::vector<std::vector<int32_t>> positions(batch, {static_cast<int32_t>(context + step - 1)});
+    for (int64_t i = 0; i < batch; ++i) {
+      items.push_back({std::span(tokens[i]).last(1), positions[i], &caches[i], &pool, LogitRows::kLast, i});
+    }
+    at::Tensor logits;
+    VC_RETURN_IF_ERROR(model.forward(items, &logits));
+    for (int64_t i = 0; i < batch; ++i) tokens[i].push_back(argmax(logits[i].data_ptr<float>(), vocab));
+  }
+  FullKvDecode out;
+  out.seconds = now_seconds() - start;
+  for (int64_t i = 1; i < batch; ++i) {
+    if (tokens[i] != tokens[0]) return Status::internal("full-KV decoding of identical requests differs across the batch");
+  }
+  out.tokens = std::move(tokens[0]);
+  for (SequenceKv& kv : caches) kv.release(pool);
+  return out;
 }
 
 }  // namespace vericache::cli

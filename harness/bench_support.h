@@ -13,6 +13,7 @@
 #include <vericache/compressor.h>
 #include <vericache/status.h>
 
+#include "engine/engine_stats.h"
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
 #include "model/llama_model.h"
@@ -52,5 +53,29 @@ Result<std::vector<int32_t>> bench_prompt(const LlamaModel& model, const std::ve
 Status prefill_observed(const LlamaModel& model, PagePool& pool, SequenceKv& kv, std::span<const int32_t> prompt,
                         int64_t chunk, std::span<const std::shared_ptr<Compressor>> compressors, double ratio,
                         std::vector<float>* next_logits);
+
+// Engine step durations split by what the forward carried (prefill steps are left out): a step
+// with any verify window counts as a verify step.
+class StepTimes : public StatsSink {
+ public:
+  void on_step(const StepRecord& s) override;
+  double draft_seconds = 0, verify_seconds = 0, stall_seconds = 0;
+  int64_t draft_steps = 0, verify_steps = 0;
+  double draft_ms() const { return draft_steps ? 1e3 * draft_seconds / static_cast<double>(draft_steps) : 0.0; }
+  double verify_ms() const { return verify_steps ? 1e3 * verify_seconds / static_cast<double>(verify_steps) : 0.0; }
+};
+
+// Full-KV greedy decoding of `batch` copies of a prefilled prompt (`base` in `base_pool`, the
+// logits after it in `next_logits`), one token per request per forward, `decode_tokens` tokens each
+// (the first from `next_logits`). The copies are identical, so one token list serves all.
+struct FullKvDecode {
+  std::vector<int32_t> tokens;
+  double seconds = 0;  // the decode forwards (decode_tokens - 1 of them)
+  double step_ms() const;
+  double tok_s(int64_t batch) const;
+};
+Result<FullKvDecode> decode_full_kv(const LlamaModel& model, const SequenceKv& base, const PagePool& base_pool,
+                                    std::span<const float> next_logits, int64_t batch, int64_t decode_tokens,
+                                    int64_t page_size);
 
 }  // namespace vericache::cli

@@ -227,6 +227,15 @@ Result<std::shared_ptr<Compressor>> load_compressor_for(const std::string& name_
   return compressor;
 }
 
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
 std::vector<int64_t> parse_positive_list(const std::string& text, const char* option, int64_t max) {
   std::vector<int64_t> out;
   std::stringstream ss(text);

@@ -98,6 +98,8 @@ std::optional<int> parse_command_line(const std::string& command, const boost::p
 // A comma-separated list of integers in [1, max] ("512,2048") for option --`option`; throws
 // boost::program_options::error naming the bad item (callers report it as a usage error).
 std::vector<int64_t> parse_positive_list(const std::string& text, const char* option, int64_t max);
+// The non-empty items of a comma-separated list.
+std::vector<std::string> split_list(const std::string& text);
 
 // Prints "vericache: error: <message>" to stderr and returns kExitFailure.
 int report_error(const Status& status);

@@ -85,6 +85,8 @@ int run_simulate(int argc, char** argv) {
   c.hbm_bandwidth = hw->memory_bandwidth;
   c.link_bandwidth = vm.count("link-gb-s") ? link_gb_s * 1e9 : hw->link_bandwidth;
   c.memory_bytes = hw->memory_bytes;
+  c.forward_overhead_s = hw->forward_overhead_s;
+  c.row_s = hw->row_s;
   c.context = context;
   c.output_tokens = output_tokens;
   c.batch = batch;
@@ -129,6 +131,7 @@ int run_simulate(int argc, char** argv) {
                        {"stall_seconds", r.stall_seconds},
                        {"link_busy_fraction", r.link_busy_fraction},
                        {"peak_memory_bytes", r.peak_memory_bytes},
+                       {"peak_streamed_bytes", r.peak_streamed_bytes},
                        {"fits_memory", r.fits_memory},
                        {"mean_iteration_ms", 1e3 * r.mean_iteration_s},
                        {"eq3_gamma", accepted / x},

@@ -99,6 +99,37 @@ TEST(Simulator, StaggeredBeatsLockstepWhenTheLinkIsTheBottleneck) {
   EXPECT_EQ(lockstep.tokens, 3000);
 }
 
+// A CPU profile's fixed cost per forward and cost per token row add to every iteration exactly:
+// with a link fast enough that nothing stalls, the schedule and the acceptance draws stay the same
+// and the time grows by iterations * t0 + rows * t_row (a drafting request is one row, a verifying
+// one its drafts + 1). A cap on streamed memory bounds the simulated peak.
+TEST(Simulator, ForwardOverheadAndRowCostAddToEveryIteration) {
+  SimulationConfig c = worked_example();
+  c.link_bandwidth = 1e6 * kGB;
+  c.requests = 12;
+  c.output_tokens = 200;
+  c.draft_length = 8;
+  c.alpha = 0.8;
+  auto plain = simulate(c);
+  c.forward_overhead_s = 0.002;
+  c.row_s = 0.0005;
+  auto costed = simulate(c);
+  ASSERT_TRUE(plain.ok() && costed.ok());
+  EXPECT_EQ(costed->iterations, plain->iterations);
+  EXPECT_EQ(costed->verifies, plain->verifies);
+  EXPECT_EQ(costed->stall_seconds, 0.0);
+  const double drafts = costed->mean_drafts_per_verify * static_cast<double>(costed->verifies);
+  const double rows = 2 * drafts + static_cast<double>(costed->verifies);
+  EXPECT_NEAR(costed->seconds - plain->seconds,
+              static_cast<double>(costed->iterations) * c.forward_overhead_s + rows * c.row_s, 1e-6);
+
+  c.streamed_capacity_bytes = 6 * kGB;  // room for one 5 GB full cache at a time
+  auto capped = simulate(c);
+  ASSERT_TRUE(capped.ok());
+  EXPECT_GT(plain->peak_streamed_bytes, 6 * kGB);
+  EXPECT_LE(capped->peak_streamed_bytes, 6 * kGB);
+}
+
 TEST(Simulator, RefusesMachinesThatCannotHoldTheCaches) {
   SimulationConfig c = worked_example();
   c.weight_bytes = 90 * kGB;

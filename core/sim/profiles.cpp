@@ -94,6 +94,14 @@ Result<HardwareProfile> load_hardware_profile(const std::string& name_or_path, c
   p.memory_bytes = memory_gb * 1e9;
   p.memory_bandwidth = memory_gb_s * 1e9;
   p.link_bandwidth = link_gb_s * 1e9;
+  if (j.contains("forward_overhead_ms")) {
+    VC_RETURN_IF_ERROR(get_number(j, path, "forward_overhead_ms", 0, 1e6, &p.forward_overhead_s));
+    p.forward_overhead_s /= 1e3;
+  }
+  if (j.contains("row_us")) {
+    VC_RETURN_IF_ERROR(get_number(j, path, "row_us", 0, 1e9, &p.row_s));
+    p.row_s /= 1e6;
+  }
   return p;
 }
 

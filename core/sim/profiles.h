@@ -23,6 +23,10 @@ struct HardwareProfile {
   double memory_bytes = 0;           // device memory (HBM) capacity
   double memory_bandwidth = 0;       // bytes/s a forward streams from device memory (BW_hbm)
   double link_bandwidth = 0;         // bytes/s host -> device for KV_full reloads (BW_inter)
+  // Optional ("forward_overhead_ms", "row_us"; 0 when absent): a fixed cost per forward and a cost
+  // per token row, for machines (a CPU) where a forward is not bytes / bandwidth alone.
+  double forward_overhead_s = 0;
+  double row_s = 0;
 };
 
 struct ModelShapeProfile {

@@ -15,6 +15,7 @@ namespace {
 struct Request {
   int64_t generated = 0;   // tokens output so far
   int64_t drafts = 0;      // drafted since the last verify
+  bool verifying = false;  // in the current iteration
   bool reloading = false;  // its full cache is on its way or resident
   double reload_done_s = 0;
 };
@@ -55,10 +56,12 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
   eq3.batch = batch;
   eq3.ratio = c.ratio;
   eq3.draft_length = c.draft_length;
-  const double iteration_s = estimate_long_context(eq3).t_gpu_s;
+  const double iteration_s =
+      c.forward_overhead_s + static_cast<double>(batch) * c.row_s + estimate_long_context(eq3).t_gpu_s;
   const double compressed_bytes =
       static_cast<double>(batch) * (c.ratio * static_cast<double>(c.context) + static_cast<double>(c.output_tokens + c.draft_length)) * b;
-  const double streamed_room = c.memory_bytes - c.weight_bytes - compressed_bytes;
+  const double streamed_room =
+      c.streamed_capacity_bytes > 0 ? c.streamed_capacity_bytes : c.memory_bytes - c.weight_bytes - compressed_bytes;
   if (streamed_room < static_cast<double>(c.context + c.output_tokens) * b) {
     return Status::invalid_argument("simulate: device memory (" + std::to_string(c.memory_bytes / 1e9) +
                                     " GB) cannot hold the weights, every compressed cache and one full cache");
@@ -101,18 +104,24 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
       link_busy_total += seconds;
       out.reload_bytes += kv_full(r);
     }
-    double forward_start = now, bytes_read = c.weight_bytes, memory = c.weight_bytes;
+    double forward_start = now, bytes_read = c.weight_bytes, memory = c.weight_bytes, streamed = 0;
+    int64_t rows = 0;
     std::vector<int64_t> verifying;
     for (const sched::ReloadPlan& p : events.verifying) {
       verifying.push_back(p.request);
-      forward_start = std::max(forward_start, active.at(p.request).reload_done_s);
+      Request& r = active.at(p.request);
+      r.verifying = true;
+      forward_start = std::max(forward_start, r.reload_done_s);
     }
     for (auto& [id, r] : active) {
-      const bool verifies = std::find(verifying.begin(), verifying.end(), id) != verifying.end();
-      bytes_read += verifies ? kv_full(r) : kv_comp(r);
-      memory += kv_comp(r) + (r.reloading ? kv_full(r) : 0.0);
+      bytes_read += r.verifying ? kv_full(r) : kv_comp(r);
+      rows += r.verifying ? r.drafts + 1 : 1;
+      streamed += r.reloading ? kv_full(r) : 0.0;
+      memory += kv_comp(r);
     }
-    const double end = forward_start + bytes_read / c.hbm_bandwidth;
+    memory += streamed;
+    const double end =
+        forward_start + c.forward_overhead_s + static_cast<double>(rows) * c.row_s + bytes_read / c.hbm_bandwidth;
 
     IterationRecord rec;
     rec.start_s = now;
@@ -123,7 +132,7 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
     for (const Interval& j : link_jobs) rec.link_busy_s += std::max(0.0, std::min(j.end, end) - std::max(j.start, now));
 
     for (auto& [id, r] : active) {
-      if (std::find(verifying.begin(), verifying.end(), id) == verifying.end()) ++r.drafts;
+      if (!r.verifying) ++r.drafts;
     }
     for (int64_t id : verifying) {
       Request& r = active.at(id);
@@ -134,6 +143,7 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
       r.generated += tokens;
       r.drafts = 0;
       r.reloading = false;
+      r.verifying = false;
       rec.tokens += static_cast<int32_t>(tokens);
       ++rec.verifies;
       if (r.generated >= c.output_tokens) {
@@ -151,6 +161,7 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
     out.verifies += rec.verifies;
     out.stall_seconds += rec.stall_s;
     out.peak_memory_bytes = std::max(out.peak_memory_bytes, memory);
+    out.peak_streamed_bytes = std::max(out.peak_streamed_bytes, streamed);
     if (c.record_iterations) out.iterations_trace.push_back(rec);
     scheduler.advance();
     now = end;

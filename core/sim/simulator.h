@@ -4,7 +4,9 @@
 // compressed cache, every verifying request runs its drafts against its full cache, which must
 // have crossed the link first.
 //
-//   forward time   (M + every request's KV_comp + the KV_full of each verifying request) / BW_hbm
+//   forward time   (M + every request's KV_comp + the KV_full of each verifying request) / BW_hbm,
+//                  plus a fixed cost per forward and a cost per token row when the profile has them
+//                  (a CPU forward: thread hand-offs, and matrix work that grows with the rows)
 //   link           serial: a reload starts when the scheduler says and when the link is free, and
 //                  takes KV_full / BW_inter; a verify waits for its reload (the wait is a stall)
 //   memory         M + every KV_comp + the full caches reloading or resident until their verify
@@ -31,6 +33,11 @@ struct SimulationConfig {
   double hbm_bandwidth = 0;       // BW_hbm, bytes/s
   double link_bandwidth = 0;      // BW_inter, bytes/s
   double memory_bytes = 0;        // device memory
+  double forward_overhead_s = 0;  // fixed seconds per forward
+  double row_s = 0;               // seconds per token row of a forward
+  // Device memory for streamed full caches; 0: what memory_bytes leaves after the weights and
+  // every compressed cache.
+  double streamed_capacity_bytes = 0;
   int64_t context = 0;            // prompt tokens per request
   int64_t output_tokens = 256;    // tokens each request generates
   int64_t batch = 1;              // requests decoding at once
@@ -64,6 +71,7 @@ struct SimulationResult {
   double stall_seconds = 0;
   double link_busy_fraction = 0;      // link busy time / simulated time
   double peak_memory_bytes = 0;
+  double peak_streamed_bytes = 0;     // full caches on their way or resident at once
   double reload_bytes = 0;
   double mean_iteration_s = 0;
   bool fits_memory = true;            // peak <= device memory

@@ -1,0 +1,400 @@
+// vericache bench-reload: the reload-policy ablation, measured on this machine and predicted by
+// the simulator for the same configuration.
+//
+// B requests decode copies of one prefilled, compressed prompt. Each verify reads KV_full from a
+// copy in transient pages that crosses an *emulated link*: the TransferEngine paced to --link-gb-s
+// (this CPU has no link between host and device memory; the pacing plays its role). The reload
+// scheduler places the copies and verifies under each policy; every run is checked token for token
+// against full-KV decoding.
+//
+// The simulator's CPU profile and acceptance model come from a calibration in the same run, before
+// the policies and independent of them: full-KV decoding of the B copies (t_f per step) and the
+// engine without a scheduler or copies (t_d per draft step, t_v per verify step; all B requests in
+// the same windows of x drafts). With M the weights read per forward, F a full cache and C a
+// compressed one, a forward's time t = t0 + rows * t_row + bytes / BW through
+//   draft (B rows, M + B*C) -> t_d,  full-KV (B rows, M + B*F) -> t_f,  verify (B(x+1) rows, M + B*F) -> t_v
+// gives BW, t_row and t0. Acceptance: alpha = accepted / (accepted + rejections) over the
+// calibration's windows (each draft accepted with probability alpha until the first rejection).
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "bench_support.h"
+#include "cli_common.h"
+#include "commands.h"
+#include "engine/compression.h"
+#include "engine/draft_verify_engine.h"
+#include "sim/simulator.h"
+#include "util/thread_pool.h"
+
+namespace po = boost::program_options;
+
+namespace vericache::cli {
+namespace {
+
+// Windows that ended in a rejection, for the acceptance fit.
+class WindowCounts : public StepTimes {
+ public:
+  void on_window(const WindowRecord& w) override {
+    accepted += w.accepted;
+    rejections += w.accepted < w.drafted ? 1 : 0;
+  }
+  int64_t accepted = 0, rejections = 0;
+};
+
+struct CpuProfile {
+  double bandwidth = 0, overhead_s = 0, row_s = 0, alpha = 0;
+  double draft_ms = 0, verify_ms = 0, full_kv_ms = 0;
+};
+
+struct PolicyRun {
+  double seconds = 0, stall_seconds = 0, link_busy_seconds = 0, peak_transient_bytes = 0;
+  int64_t iterations = 0, verifies = 0, draft_tokens = 0, mismatches = 0;
+  double mean_acceptance_length = 0;
+};
+
+int64_t count_mismatches(const std::vector<EngineResult>& results, const std::vector<int32_t>& want) {
+  int64_t n = 0;
+  for (const EngineResult& r : results) {
+    const auto& got = r.generation.tokens;
+    for (size_t j = 0; j < std::max(got.size(), want.size()); ++j) {
+      n += (j >= got.size() || j >= want.size() || got[j] != want[j]) ? 1 : 0;
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+int run_bench_reload(int argc, char** argv) {
+  std::string model_arg, text_file, compressor_arg, policies_arg, profile_out;
+  std::vector<std::string> params_args;
+  int64_t context = 0, batch = 0, draft_length = 0, window = 0, decode_tokens = 0, page_size = 16, prefill_chunk = 512;
+  int64_t device_copies = 0, seed = 1, simulations = 0;
+  double ratio = 0, link_gb_s = 0;
+  int threads = 0;
+  bool json = false;
+  po::options_description desc(
+      "vericache bench-reload: lockstep vs staggered vs no-overlap reloads of KV_full, measured on this\n"
+      "machine with the engine (verification from copies over an EMULATED link: a paced copy engine\n"
+      "standing in for PCIe) and predicted by the simulator on a CPU profile calibrated in the same run.\n"
+      "B requests decode copies of one prefilled, compressed prompt; every run is checked token for token\n"
+      "against full-KV decoding.\n\nOptions");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "print this help and exit")
+    ("model", po::value(&model_arg), kModelOptionHelp)
+    ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompt is cut from")
+    ("context", po::value(&context)->default_value(4000), "prompt tokens")
+    ("batch,b", po::value(&batch)->default_value(4), "requests decoding at once")
+    ("compressor", po::value(&compressor_arg)->default_value("snapkv"), "offline compressor")
+    ("params", po::value(&params_args)->composing(), "NAME=JSON: parameters of the compressor")
+    ("ratio,c", po::value(&ratio)->default_value(0.1), "kept fraction c")
+    ("draft-length,x", po::value(&draft_length)->default_value(8), "x: target drafts per verify")
+    ("window", po::value(&window)->default_value(48), "W: iterations the scheduler plans ahead")
+    ("decode-tokens", po::value(&decode_tokens)->default_value(64), "tokens generated per request (EOS ignored)")
+    ("link-gb-s", po::value(&link_gb_s)->default_value(2), "bandwidth of the emulated link in GB/s")
+    ("device-copies", po::value(&device_copies)->default_value(0),
+     "transient device memory, in full-cache copies (the scheduler's memory ring and the transient pages); 0: the batch")
+    ("policies", po::value(&policies_arg)->default_value("staggered,lockstep,no-overlap"), "comma-separated policies")
+    ("seed", po::value(&seed)->default_value(1), "the simulator's first acceptance seed")
+    ("simulations", po::value(&simulations)->default_value(100), "simulations averaged per policy (seeds seed, seed + 1, ...)")
+    ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores")
+    ("page-size", po::value(&page_size)->default_value(16), "KV page size in tokens (a multiple of 16)")
+    ("prefill-chunk", po::value(&prefill_chunk)->default_value(512), "prompt tokens per prefill forward")
+    ("profile-out", po::value(&profile_out), "write the calibrated CPU hardware profile (JSON) to this file")
+    ("json", po::bool_switch(&json), "print one JSON object per policy instead of a table");
+  // clang-format on
+  po::variables_map vm;
+  const std::string example =
+      "Example:\n  vericache bench-reload --context 4000 -b 4 -x 8 --link-gb-s 2 --threads 2\n";
+  if (auto done = parse_command_line("bench-reload", desc, example, argc, argv, &vm,
+                                     {{"context", 16, kMaxContextLength},
+                                      {"batch", 1, 256},
+                                      kRatioRange,
+                                      {"draft-length", 1, 256},
+                                      {"window", 4, 4096},
+                                      {"decode-tokens", 2, 1 << 20},
+                                      {"link-gb-s", 0, 1e4, true},
+                                      {"device-copies", 0, 4096},
+                                      {"seed", 0, 9e15},
+                                      {"simulations", 1, 1e5},
+                                      kThreadsRange,
+                                      kPageSizeRange,
+                                      kPrefillChunkRange}))
+    return *done;
+  if (draft_length + 2 >= window) {
+    return report_usage_error("bench-reload", "--draft-length + 2 must be below --window (" + std::to_string(window) + ")");
+  }
+  std::vector<sched::ReloadPolicy> policies;
+  for (const std::string& name : split_list(policies_arg)) {
+    auto p = sched::parse_policy(name);
+    if (!p.ok()) return report_usage_error("bench-reload", "--policies: " + p.status().message());
+    policies.push_back(*p);
+  }
+  if (device_copies == 0) device_copies = batch;
+  set_threads(threads);
+  auto loaded = load_model(model_arg);
+  if (!loaded.ok()) return report_error(loaded.status());
+  const LlamaModel& m = **loaded;
+  const int64_t layers = m.config().n_layers;
+  auto compressors = load_offline_compressors(compressor_arg, params_args, m);
+  if (!compressors.ok()) return report_status("bench-reload", compressors.status());
+  Compressor& compressor = *(*compressors)[0];
+  if (Status s = check_contexts_fit(m, {context}, decode_tokens, window); !s.ok()) return report_status("bench-reload", s);
+  auto corpus = bench_corpus(m, text_file, context);
+  if (!corpus.ok()) return report_status("bench-reload", corpus.status());
+  const std::vector<int32_t> prompt(corpus->begin(), corpus->begin() + context);
+
+  // One prefill and one compression, shared by every run.
+  auto base_pool = m.make_page_pool(page_size, layers * (context / page_size + 2));
+  if (!base_pool.ok()) return report_error(base_pool.status());
+  SequenceKv base(layers);
+  std::vector<float> next_logits;
+  std::fprintf(stderr, "[bench-reload] prefill of %lld tokens, %s compress\n", static_cast<long long>(context),
+               compressor.name().c_str());
+  if (Status s = prefill_observed(m, *base_pool, base, prompt, prefill_chunk, *compressors, ratio, &next_logits); !s.ok())
+    return report_error(s);
+  CompressedKV compressed;
+  if (Status s = compute_kept(m, *base_pool, compressor, ratio, prompt, 0, base, &compressed); !s.ok())
+    return report_error(s);
+  compressor.release(0);
+
+  GenerationRequest request;
+  request.prompt = prompt;
+  request.max_new_tokens = decode_tokens;
+  request.ignore_eos = true;
+  auto probe = m.make_page_pool(page_size, 1);  // one page, for its size
+  if (!probe.ok()) return report_error(probe.status());
+  const int64_t page_bytes = probe->page_bytes();
+  // Runs the engine on B copies (options.transfer and options.scheduler may be null); `seconds`
+  // gets the decode time, `peak_transient_bytes` the most transient memory in use at once.
+  auto run_engine = [&](EngineOptions options, int64_t transient_pages, StatsSink* sink, double* seconds,
+                        double* peak_transient_bytes) -> Result<std::vector<EngineResult>> {
+    options.compressor = &compressor;
+    options.ratio = ratio;
+    options.draft_length = draft_length;
+    options.sink = sink;
+    const auto need = DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, request);
+    VC_ASSIGN_OR_RETURN(PagePool device, PagePool::create(m.kv_page_spec(page_size),
+                                                           PagePoolOptions{batch * need.device, transient_pages,
+                                                                           at::kFloat, at::kCPU, false}));
+    VC_ASSIGN_OR_RETURN(PagePool host, m.make_page_pool(page_size, batch * need.host));
+    std::vector<EngineResult> results;
+    {
+      DraftVerifyEngine engine(m, device, host, options);
+      for (int64_t i = 0; i < batch; ++i) VC_RETURN_IF_ERROR(engine.add_prefilled(request, base, *base_pool, next_logits, compressed.kept).status());
+      engine.admit();  // copies the prefill and builds KV_comp: not decode time
+      const double start = now_seconds();
+      VC_RETURN_IF_ERROR(engine.run());
+      *seconds = now_seconds() - start;
+      results = engine.take_finished();
+    }
+    *peak_transient_bytes = static_cast<double>(device.peak_in_use(PageKind::kTransient) * page_bytes);
+    return results;
+  };
+
+  // Calibration: full-KV decoding and the engine with fixed windows, verifying in place.
+  std::fprintf(stderr, "[bench-reload] calibration: full-KV decoding and fixed windows of %lld drafts\n",
+               static_cast<long long>(draft_length));
+  auto full = decode_full_kv(m, base, *base_pool, next_logits, batch, decode_tokens, page_size);
+  if (!full.ok()) return report_error(full.status());
+  WindowCounts calibration;
+  double calibration_seconds = 0, unused = 0;
+  auto calibrated = run_engine(EngineOptions{}, 0, &calibration, &calibration_seconds, &unused);
+  if (!calibrated.ok()) return report_error(calibrated.status());
+  int64_t total_mismatches = count_mismatches(*calibrated, full->tokens);
+
+  const double b = static_cast<double>(layers * page_bytes) / static_cast<double>(page_size);
+  const double weights = static_cast<double>(m.decode_weight_bytes());
+  int64_t kept_slots = 0;
+  for (const auto& k : compressed.kept) kept_slots += k.size(1);
+  const double full_bytes = static_cast<double>(context) * b;
+  const double comp_bytes = static_cast<double>(kept_slots) / static_cast<double>(layers) * b;
+  const double B = static_cast<double>(batch), x = static_cast<double>(draft_length);
+  CpuProfile cpu;
+  cpu.draft_ms = calibration.draft_ms();
+  cpu.verify_ms = calibration.verify_ms();
+  cpu.full_kv_ms = full->step_ms();
+  const double t_d = cpu.draft_ms / 1e3, t_v = cpu.verify_ms / 1e3, t_f = cpu.full_kv_ms / 1e3;
+  const double seconds_per_byte = std::max(0.0, (t_f - t_d) / (B * (full_bytes - comp_bytes)));
+  cpu.bandwidth = seconds_per_byte > 0 ? 1.0 / seconds_per_byte : 0;
+  cpu.row_s = std::max(0.0, (t_v - t_f) / (B * x));
+  cpu.overhead_s = std::max(0.0, t_d - B * cpu.row_s - (weights + B * comp_bytes) * seconds_per_byte);
+  cpu.alpha = calibration.accepted + calibration.rejections > 0
+                  ? static_cast<double>(calibration.accepted) /
+                        static_cast<double>(calibration.accepted + calibration.rejections)
+                  : 1.0;
+  if (cpu.bandwidth <= 0) {
+    return report_error(Status::internal("calibration: a full-KV step (" + std::to_string(cpu.full_kv_ms) +
+                                         " ms) was not slower than a draft step (" + std::to_string(cpu.draft_ms) +
+                                         " ms); use a longer --context"));
+  }
+  std::fprintf(stderr,
+               "[bench-reload] CPU profile: %.2f GB/s, %.2f ms per forward, %.1f us per row; alpha %.3f (draft %.1f "
+               "ms, verify %.1f ms, full-KV %.1f ms per step)\n",
+               cpu.bandwidth / 1e9, 1e3 * cpu.overhead_s, 1e6 * cpu.row_s, cpu.alpha, cpu.draft_ms, cpu.verify_ms,
+               cpu.full_kv_ms);
+  if (!profile_out.empty()) {
+    nlohmann::json p{{"name", "cpu-this-machine"},
+                     {"description", "this CPU, calibrated by vericache bench-reload (forward = overhead + rows x row + "
+                                     "bytes / bandwidth); the link is the emulated one of the run"},
+                     {"memory_gb", 24},
+                     {"memory_bandwidth_gb_s", cpu.bandwidth / 1e9},
+                     {"link_bandwidth_gb_s", link_gb_s},
+                     {"forward_overhead_ms", 1e3 * cpu.overhead_s},
+                     {"row_us", 1e6 * cpu.row_s},
+                     {"source", "vericache bench-reload --threads " + std::to_string(ThreadPool::global().threads()) +
+                                    " on " + m.path() + ", context " + std::to_string(context) + ", batch " +
+                                    std::to_string(batch)}};
+    std::ofstream(profile_out) << p.dump(2) << "\n";
+  }
+
+  if (!json) {
+    std::printf("| policy | measured tok/s | simulated tok/s | error | stall s (measured / simulated) | link busy "
+                "(measured / simulated) | peak transient MB (measured / simulated) | tokens per verify (measured / "
+                "simulated) | iterations (measured / simulated) | mismatches |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  }
+  for (sched::ReloadPolicy policy : policies) {
+    std::fprintf(stderr, "[bench-reload] %s over an emulated link at %.2f GB/s\n", sched::policy_name(policy), link_gb_s);
+    TransferEngine transfer(TransferOptions{link_gb_s * 1e9});
+    sched::ReloadSchedulerOptions so;
+    so.policy = policy;
+    so.window = window;
+    so.draft_length = draft_length;
+    so.iteration_seconds = t_d;
+    so.link_bandwidth = link_gb_s * 1e9;
+    sched::ReloadScheduler sizing(so);  // the window decides how many drafts a copy must make room for
+    EngineOptions options;
+    options.transfer = &transfer;
+    options.scheduler = &sizing;
+    options.draft_length = draft_length;
+    const int64_t copy_pages =
+        DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, request).transient;
+    so.memory_capacity_bytes = static_cast<double>(device_copies * copy_pages * page_bytes);
+    sched::ReloadScheduler scheduler(so);
+    options.scheduler = &scheduler;
+    StepTimes steps;
+    PolicyRun run;
+    auto results =
+        run_engine(options, device_copies * copy_pages, &steps, &run.seconds, &run.peak_transient_bytes);
+    if (!results.ok()) return report_error(results.status());
+    run.mismatches = count_mismatches(*results, full->tokens);
+    total_mismatches += run.mismatches;
+    RequestMetrics totals;
+    for (const EngineResult& r : *results) totals.add(r.metrics);
+    run.stall_seconds = steps.stall_seconds;
+    run.link_busy_seconds = transfer.stats().busy_seconds;
+    run.iterations = scheduler.now();
+    run.verifies = totals.verify_windows;
+    run.draft_tokens = totals.draft_tokens;
+    const double tokens = B * static_cast<double>(decode_tokens - 1);
+    run.mean_acceptance_length = run.verifies ? tokens / static_cast<double>(run.verifies) : 0;
+    const double tok_s = tokens / run.seconds;
+
+    sim::SimulationConfig c;
+    c.weight_bytes = weights;
+    c.kv_bytes_per_token = b;
+    c.hbm_bandwidth = cpu.bandwidth;
+    c.link_bandwidth = link_gb_s * 1e9;
+    c.forward_overhead_s = cpu.overhead_s;
+    c.row_s = cpu.row_s;
+    c.streamed_capacity_bytes = so.memory_capacity_bytes;
+    c.memory_bytes = 24e9;
+    c.context = context;
+    c.output_tokens = decode_tokens - 1;
+    c.batch = batch;
+    c.requests = batch;
+    c.ratio = comp_bytes / full_bytes;
+    c.alpha = cpu.alpha;
+    c.policy = policy;
+    c.draft_length = draft_length;
+    c.window = window;
+    // The expectation over acceptance draws: the mean of --simulations seeds.
+    sim::SimulationResult p;
+    double simulated_iterations = 0;
+    for (int64_t k = 0; k < simulations; ++k) {
+      c.seed = static_cast<uint64_t>(seed + k);
+      auto one = sim::simulate(c);
+      if (!one.ok()) return report_status("bench-reload", one.status());
+      const double w = 1.0 / static_cast<double>(simulations);
+      p.tok_s += w * one->tok_s;
+      p.seconds += w * one->seconds;
+      p.stall_seconds += w * one->stall_seconds;
+      p.link_busy_fraction += w * one->link_busy_fraction;
+      p.peak_streamed_bytes += w * one->peak_streamed_bytes;
+      p.mean_acceptance_length += w * one->mean_acceptance_length;
+      p.mean_drafts_per_verify += w * one->mean_drafts_per_verify;
+      simulated_iterations += w * static_cast<double>(one->iterations);
+    }
+    const double error = p.tok_s / tok_s - 1;
+    if (json) {
+      nlohmann::json out{{"policy", sched::policy_name(policy)},
+                         {"link", transfer.describe()},
+                         {"context", context},
+                         {"batch", batch},
+                         {"compressor", compressor.name()},
+                         {"ratio", ratio},
+                         {"draft_length", draft_length},
+                         {"window", window},
+                         {"decode_tokens", decode_tokens},
+                         {"device_copies", device_copies},
+                         {"measured_tok_s", tok_s},
+                         {"simulated_tok_s", p.tok_s},
+                         {"error", error},
+                         {"measured_stall_s", run.stall_seconds},
+                         {"simulated_stall_s", p.stall_seconds},
+                         {"measured_seconds", run.seconds},
+                         {"simulated_seconds", p.seconds},
+                         {"measured_link_busy", run.link_busy_seconds / run.seconds},
+                         {"simulated_link_busy", p.link_busy_fraction},
+                         {"measured_peak_transient_bytes", run.peak_transient_bytes},
+                         {"simulated_peak_streamed_bytes", p.peak_streamed_bytes},
+                         {"measured_tokens_per_verify", run.mean_acceptance_length},
+                         {"simulated_tokens_per_verify", p.mean_acceptance_length},
+                         {"measured_drafts_per_verify",
+                          run.verifies ? static_cast<double>(run.draft_tokens) / static_cast<double>(run.verifies) : 0},
+                         {"simulated_drafts_per_verify", p.mean_drafts_per_verify},
+                         {"measured_iterations", run.iterations},
+                         {"simulated_iterations", simulated_iterations},
+                         {"simulations", simulations},
+                         {"mismatches", run.mismatches},
+                         {"full_kv_tok_s", full->tok_s(batch)},
+                         {"fixed_window_tok_s", B * static_cast<double>(decode_tokens - 1) / calibration_seconds},
+                         {"cpu_bandwidth_gb_s", cpu.bandwidth / 1e9},
+                         {"cpu_forward_overhead_ms", 1e3 * cpu.overhead_s},
+                         {"cpu_row_us", 1e6 * cpu.row_s},
+                         {"alpha", cpu.alpha},
+                         {"kv_full_bytes", full_bytes},
+                         {"threads", ThreadPool::global().threads()},
+                         {"model", m.path()}};
+      std::cout << out.dump() << std::endl;
+    } else {
+      std::printf("| %s | %.1f | %.1f | %+.1f%% | %.2f / %.2f | %.0f%% / %.0f%% | %.0f / %.0f | %.2f / %.2f | %lld / %lld | %lld |\n",
+                  sched::policy_name(policy), tok_s, p.tok_s, 100 * error, run.stall_seconds, p.stall_seconds,
+                  100 * run.link_busy_seconds / run.seconds, 100 * p.link_busy_fraction, run.peak_transient_bytes / 1e6,
+                  p.peak_streamed_bytes / 1e6, run.mean_acceptance_length, p.mean_acceptance_length,
+                  static_cast<long long>(run.iterations), static_cast<long long>(std::lround(simulated_iterations)),
+                  static_cast<long long>(run.mismatches));
+      std::fflush(stdout);
+    }
+  }
+  if (!json) {
+    std::printf("\nFull-KV decoding %.1f tok/s; fixed windows of %lld drafts verifying in place %.1f tok/s (same run).\n",
+                full->tok_s(batch), static_cast<long long>(draft_length),
+                B * static_cast<double>(decode_tokens - 1) / calibration_seconds);
+  }
+  base.release(*base_pool);
+  if (total_mismatches > 0) {
+    return report_error(Status::internal(std::to_string(total_mismatches) + " tokens differ from full-KV decoding"));
+  }
+  return kExitOk;
+}
+
+}  // namespace vericache::cli
