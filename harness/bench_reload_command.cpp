@@ -47,6 +47,9 @@ class WindowCounts : public StepTimes {
   int64_t accepted = 0, rejections = 0;
 };
 
+// Stands for "reading the cache costs nothing measurable" (bytes / this is below a nanosecond).
+constexpr double kUnresolvedBandwidth = 1e18;
+
 struct CpuProfile {
   double bandwidth = 0, overhead_s = 0, row_s = 0, alpha = 0;
   double draft_ms = 0, verify_ms = 0, full_kv_ms = 0;
@@ -222,18 +225,21 @@ int run_bench_reload(int argc, char** argv) {
   cpu.verify_ms = calibration.verify_ms();
   cpu.full_kv_ms = full->step_ms();
   const double t_d = cpu.draft_ms / 1e3, t_v = cpu.verify_ms / 1e3, t_f = cpu.full_kv_ms / 1e3;
+  // A full-KV step no slower than a draft step (short contexts, noise) leaves the bytes term
+  // unresolved: the forward is then modelled by its overhead and rows alone.
   const double seconds_per_byte = std::max(0.0, (t_f - t_d) / (B * (full_bytes - comp_bytes)));
-  cpu.bandwidth = seconds_per_byte > 0 ? 1.0 / seconds_per_byte : 0;
+  cpu.bandwidth = seconds_per_byte > 0 ? 1.0 / seconds_per_byte : kUnresolvedBandwidth;
   cpu.row_s = std::max(0.0, (t_v - t_f) / (B * x));
   cpu.overhead_s = std::max(0.0, t_d - B * cpu.row_s - (weights + B * comp_bytes) * seconds_per_byte);
   cpu.alpha = calibration.accepted + calibration.rejections > 0
                   ? static_cast<double>(calibration.accepted) /
                         static_cast<double>(calibration.accepted + calibration.rejections)
                   : 1.0;
-  if (cpu.bandwidth <= 0) {
-    return report_error(Status::internal("calibration: a full-KV step (" + std::to_string(cpu.full_kv_ms) +
-                                         " ms) was not slower than a draft step (" + std::to_string(cpu.draft_ms) +
-                                         " ms); use a longer --context"));
+  if (seconds_per_byte == 0) {
+    std::fprintf(stderr,
+                 "[bench-reload] warning: a full-KV step (%.1f ms) was not slower than a draft step (%.1f ms): the "
+                 "bandwidth term is unresolved (a longer --context resolves it)\n",
+                 cpu.full_kv_ms, cpu.draft_ms);
   }
   std::fprintf(stderr,
                "[bench-reload] CPU profile: %.2f GB/s, %.2f ms per forward, %.1f us per row; alpha %.3f (draft %.1f "

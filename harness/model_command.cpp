@@ -9,7 +9,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "sim/profiles.h"
+#include "profile_options.h"
 #include "sim/throughput_model.h"
 
 namespace po = boost::program_options;
@@ -126,9 +126,10 @@ int print_remote_prefix(const sim::ModelShapeProfile& shape, const sim::RemotePr
 }  // namespace
 
 int run_model(int argc, char** argv) {
-  std::string hardware_arg, shape_arg, scenario;
+  std::string scenario;
+  ProfileOptions profiles;
   int64_t context = 0, batch = 0, draft_length = 0, output_tokens = 0;
-  double ratio = 0, gamma = 0, weights_gb = 0, kv_full_gb = 0, link_gb_s = 0, slow_link_gb_s = 0, fast_link_gb_s = 0;
+  double ratio = 0, gamma = 0, slow_link_gb_s = 0, fast_link_gb_s = 0;
   double t_decode_ms = 0, t_forward_ms = 0;
   bool json = false;
   po::options_description desc(
@@ -141,17 +142,14 @@ int run_model(int argc, char** argv) {
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
-    ("scenario", po::value(&scenario)->default_value("long-context"), "long-context (Eq. 3) or remote-prefix (Eq. 4)")
-    ("hardware", po::value(&hardware_arg)->default_value("rtx-pro-6000"), "hardware profile: name or .json path")
-    ("model-shape", po::value(&shape_arg)->default_value("mistral-24b"), "model-shape profile: name or .json path")
+    ("scenario", po::value(&scenario)->default_value("long-context"), "long-context (Eq. 3) or remote-prefix (Eq. 4)");
+  add_profile_options(desc, &profiles);
+  desc.add_options()
     ("context", po::value(&context)->default_value(50000), "tokens of context per request")
     ("batch,b", po::value(&batch)->default_value(6), "B: requests decoding together (long-context)")
     ("ratio,c", po::value(&ratio)->default_value(0.2), "c: kept fraction, KV_comp = c * KV_full")
     ("draft-length,x", po::value(&draft_length)->default_value(25), "x: drafted tokens per verify")
     ("gamma", po::value(&gamma)->default_value(0.85), "fraction of drafted tokens accepted")
-    ("weights-gb", po::value(&weights_gb), "M in GB instead of the model shape's weight bytes")
-    ("kv-full-gb", po::value(&kv_full_gb), "KV_full per request in GB instead of context x KV bytes per token")
-    ("link-gb-s", po::value(&link_gb_s), "BW_inter in GB/s instead of the hardware profile's")
     ("slow-link-gb-s", po::value(&slow_link_gb_s)->default_value(1.2), "remote-prefix: BW_l, storage to drafting GPU")
     ("fast-link-gb-s", po::value(&fast_link_gb_s)->default_value(40), "remote-prefix: BW_h, local pool to verifying GPU")
     ("output-tokens", po::value(&output_tokens)->default_value(256), "remote-prefix: K tokens generated")
@@ -165,32 +163,28 @@ int run_model(int argc, char** argv) {
       "  vericache model --weights-gb 48 --kv-full-gb 5          # the paper's worked example\n"
       "  vericache model --hardware h100-nvl --model-shape llama-3.1-70b --context 32000 -b 4 --json\n"
       "  vericache model --scenario remote-prefix --model-shape llama-3.1-70b --context 20000 -c 0.25 -x 40\n";
-  if (auto done = parse_command_line("model", desc, examples, argc, argv, &vm,
-                                     {{"context", 1, 1e9},
-                                      {"batch", 1, 1e6},
-                                      kRatioRange,
-                                      {"draft-length", 1, 1e6},
-                                      {"gamma", 0, 1},
-                                      {"weights-gb", 0, 1e6},
-                                      {"kv-full-gb", 0, 1e6, true},
-                                      {"link-gb-s", 0, 1e6, true},
-                                      {"slow-link-gb-s", 0, 1e6, true},
-                                      {"fast-link-gb-s", 0, 1e6, true},
-                                      {"output-tokens", 1, 1e9},
-                                      {"t-decode-ms", 0, 1e6},
-                                      {"t-forward-ms", 0, 1e6}}))
-    return *done;
+  std::vector<OptionRange> ranges = profile_option_ranges();
+  ranges.insert(ranges.end(), {{"context", 1, 1e9},
+                               {"batch", 1, 1e6},
+                               kRatioRange,
+                               {"draft-length", 1, 1e6},
+                               {"gamma", 0, 1},
+                               {"slow-link-gb-s", 0, 1e6, true},
+                               {"fast-link-gb-s", 0, 1e6, true},
+                               {"output-tokens", 1, 1e9},
+                               {"t-decode-ms", 0, 1e6},
+                               {"t-forward-ms", 0, 1e6}});
+  if (auto done = parse_command_line("model", desc, examples, argc, argv, &vm, ranges)) return *done;
   if (scenario != "long-context" && scenario != "remote-prefix") {
     return report_usage_error("model", "--scenario must be long-context or remote-prefix, got '" + scenario + "'");
   }
-  auto shape = sim::load_model_shape(shape_arg, kProfileDir);
-  if (!shape.ok()) return report_usage_error("model", shape.status().message());  // a name or path the user typed
-  const double kv_full = vm.count("kv-full-gb") ? kv_full_gb * 1e9 : static_cast<double>(context) * shape->kv_bytes_per_token();
+  auto p = resolve_profiles(profiles, vm, context, scenario == "long-context");
+  if (!p.ok()) return report_usage_error("model", p.status().message());  // a name or path the user typed
 
   if (scenario == "remote-prefix") {
     if (gamma <= 0) return report_usage_error("model", "--gamma must be above 0 for remote-prefix");
     sim::RemotePrefixInputs in;
-    in.kv_full_bytes = kv_full;
+    in.kv_full_bytes = p->kv_full_bytes;
     in.ratio = ratio;
     in.slow_link_bandwidth = slow_link_gb_s * 1e9;
     in.fast_link_bandwidth = fast_link_gb_s * 1e9;
@@ -199,20 +193,18 @@ int run_model(int argc, char** argv) {
     in.output_tokens = output_tokens;
     in.t_decode_s = t_decode_ms / 1e3;
     in.t_forward_x_s = t_forward_ms / 1e3;
-    return print_remote_prefix(*shape, in, context, json);
+    return print_remote_prefix(p->shape, in, context, json);
   }
-  auto hw = sim::load_hardware_profile(hardware_arg, kProfileDir);
-  if (!hw.ok()) return report_usage_error("model", hw.status().message());
   sim::LongContextInputs in;
-  in.weight_bytes = vm.count("weights-gb") ? weights_gb * 1e9 : shape->weight_bytes;
-  in.kv_full_bytes = kv_full;
-  in.hbm_bandwidth = hw->memory_bandwidth;
-  in.link_bandwidth = vm.count("link-gb-s") ? link_gb_s * 1e9 : hw->link_bandwidth;
+  in.weight_bytes = p->weight_bytes;
+  in.kv_full_bytes = p->kv_full_bytes;
+  in.hbm_bandwidth = p->hardware.memory_bandwidth;
+  in.link_bandwidth = p->link_bandwidth;
   in.batch = batch;
   in.ratio = ratio;
   in.draft_length = draft_length;
   in.gamma = gamma;
-  return print_long_context(*hw, *shape, in, context, json);
+  return print_long_context(p->hardware, p->shape, in, context, json);
 }
 
 }  // namespace vericache::cli

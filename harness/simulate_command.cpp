@@ -11,7 +11,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "sim/profiles.h"
+#include "profile_options.h"
 #include "sim/simulator.h"
 #include "sim/throughput_model.h"
 
@@ -20,10 +20,11 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 
 int run_simulate(int argc, char** argv) {
-  std::string hardware_arg, shape_arg, policy_arg;
+  std::string policy_arg;
+  ProfileOptions profiles;
   int64_t context = 0, batch = 0, requests = 0, output_tokens = 0, draft_length = 0, window = 0;
   int64_t seed = 0;
-  double ratio = 0, alpha = 0, weights_gb = 0, kv_full_gb = 0, link_gb_s = 0;
+  double ratio = 0, alpha = 0;
   bool json = false;
   po::options_description desc(
       "vericache simulate: long-context decoding under the reload scheduler, simulated on a hardware\n"
@@ -32,9 +33,9 @@ int run_simulate(int argc, char** argv) {
       "prediction for the same configuration beside it. Profiles as for `vericache model`.\n\nOptions");
   // clang-format off
   desc.add_options()
-    ("help,h", "print this help and exit")
-    ("hardware", po::value(&hardware_arg)->default_value("rtx-pro-6000"), "hardware profile: name or .json path")
-    ("model-shape", po::value(&shape_arg)->default_value("mistral-24b"), "model-shape profile: name or .json path")
+    ("help,h", "print this help and exit");
+  add_profile_options(desc, &profiles);
+  desc.add_options()
     ("policy", po::value(&policy_arg)->default_value("staggered"), "staggered, lockstep or no-overlap")
     ("context", po::value(&context)->default_value(50000), "prompt tokens per request")
     ("batch,b", po::value(&batch)->default_value(6), "requests decoding at once")
@@ -45,9 +46,6 @@ int run_simulate(int argc, char** argv) {
     ("alpha", po::value(&alpha)->default_value(0.95), "probability that a drafted token is accepted")
     ("window", po::value(&window)->default_value(64), "W: iterations the scheduler plans ahead")
     ("seed", po::value(&seed)->default_value(1), "acceptance random seed")
-    ("weights-gb", po::value(&weights_gb), "M in GB instead of the model shape's weight bytes")
-    ("kv-full-gb", po::value(&kv_full_gb), "KV_full per request at --context in GB instead of the shape's")
-    ("link-gb-s", po::value(&link_gb_s), "BW_inter in GB/s instead of the hardware profile's")
     ("json", po::bool_switch(&json), "print one JSON object instead of text");
   // clang-format on
   po::variables_map vm;
@@ -55,35 +53,32 @@ int run_simulate(int argc, char** argv) {
       "Examples:\n"
       "  vericache simulate --weights-gb 48 --kv-full-gb 5 --requests 60 --output-tokens 1000\n"
       "  vericache simulate --policy lockstep --weights-gb 50 --kv-full-gb 4 -c 0.25 -x 30 -b 10 --link-gb-s 50\n";
-  if (auto done = parse_command_line("simulate", desc, examples, argc, argv, &vm,
-                                     {{"context", 1, 1e9},
-                                      {"batch", 1, 1e6},
-                                      {"requests", 1, 1e9},
-                                      {"output-tokens", 1, 1e9},
-                                      kRatioRange,
-                                      {"draft-length", 1, 1e5},
-                                      {"alpha", 0, 1},
-                                      {"window", 3, 1e6},
-                                      {"seed", 0, 9e15},
-                                      {"weights-gb", 0, 1e6},
-                                      {"kv-full-gb", 0, 1e6, true},
-                                      {"link-gb-s", 0, 1e6, true}}))
-    return *done;
+  std::vector<OptionRange> ranges = profile_option_ranges();
+  ranges.insert(ranges.end(), {{"context", 1, 1e9},
+                               {"batch", 1, 1e6},
+                               {"requests", 1, 1e9},
+                               {"output-tokens", 1, 1e9},
+                               kRatioRange,
+                               {"draft-length", 1, 1e5},
+                               {"alpha", 0, 1},
+                               {"window", 3, 1e6},
+                               {"seed", 0, 9e15}});
+  if (auto done = parse_command_line("simulate", desc, examples, argc, argv, &vm, ranges)) return *done;
   auto policy = sched::parse_policy(policy_arg);
   if (!policy.ok()) return report_usage_error("simulate", "--policy: " + policy.status().message());
   if (draft_length + 1 >= window) {
     return report_usage_error("simulate", "--draft-length + 1 must be below --window (" + std::to_string(window) + ")");
   }
-  auto hw = sim::load_hardware_profile(hardware_arg, VC_PROFILE_DIR);
-  if (!hw.ok()) return report_usage_error("simulate", hw.status().message());
-  auto shape = sim::load_model_shape(shape_arg, VC_PROFILE_DIR);
-  if (!shape.ok()) return report_usage_error("simulate", shape.status().message());
+  auto p = resolve_profiles(profiles, vm, context, true);
+  if (!p.ok()) return report_usage_error("simulate", p.status().message());
+  const sim::HardwareProfile* hw = &p->hardware;
+  const sim::ModelShapeProfile* shape = &p->shape;
 
   sim::SimulationConfig c;
-  c.weight_bytes = vm.count("weights-gb") ? weights_gb * 1e9 : shape->weight_bytes;
-  c.kv_bytes_per_token = vm.count("kv-full-gb") ? kv_full_gb * 1e9 / static_cast<double>(context) : shape->kv_bytes_per_token();
+  c.weight_bytes = p->weight_bytes;
+  c.kv_bytes_per_token = p->kv_full_bytes / static_cast<double>(context);
   c.hbm_bandwidth = hw->memory_bandwidth;
-  c.link_bandwidth = vm.count("link-gb-s") ? link_gb_s * 1e9 : hw->link_bandwidth;
+  c.link_bandwidth = p->link_bandwidth;
   c.memory_bytes = hw->memory_bytes;
   c.forward_overhead_s = hw->forward_overhead_s;
   c.row_s = hw->row_s;

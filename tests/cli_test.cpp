@@ -5,6 +5,9 @@
 
 #include <fstream>
 #include <map>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "cli_runner.h"
 #include "test_support.h"
@@ -82,6 +85,36 @@ TEST(Cli, ModelPrintsThePapersWorkedExample) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err.rfind("vericache model: no hardware profile named 'a100' (known: gh200, h100-nvl, h200, "
                         "rtx-pro-6000; or give a .json path)\n",
+                        0),
+            0u)
+      << r.err;
+}
+
+// vericache bench-reload: two policies over the emulated link, each lossless, each with the
+// simulator's prediction beside it (what the numbers are is the benchmark's business, under
+// results/); an unknown policy is a usage error.
+TEST(Cli, BenchReloadMeasuresAndSimulatesEachPolicy) {
+  CliRun r = run_vericache(
+      "bench-reload --context 2000 -b 2 --decode-tokens 12 -x 4 --window 12 --policies staggered,lockstep "
+      "--simulations 5 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream lines(r.out);
+  std::vector<std::string> policies;
+  for (std::string line; std::getline(lines, line);) {
+    const auto out = nlohmann::json::parse(line);
+    policies.push_back(out["policy"]);
+    EXPECT_EQ(out["mismatches"], 0);
+    EXPECT_EQ(out["link"], "emulated link at 2.00 GB/s");
+    EXPECT_GT(out["measured_tok_s"].get<double>(), 0);
+    EXPECT_GT(out["simulated_tok_s"].get<double>(), 0);
+    EXPECT_GT(out["measured_tokens_per_verify"].get<double>(), 1.0);
+    EXPECT_GT(out["measured_peak_transient_bytes"].get<double>(), 0);
+  }
+  EXPECT_EQ(policies, (std::vector<std::string>{"staggered", "lockstep"}));
+  r = run_vericache("bench-reload --policies eager");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("vericache bench-reload: --policies: unknown reload policy 'eager' (staggered, lockstep or "
+                        "no-overlap)\n",
                         0),
             0u)
       << r.err;
