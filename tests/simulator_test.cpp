@@ -88,9 +88,12 @@ TEST(Simulator, StaggeredBeatsLockstepWhenTheLinkIsTheBottleneck) {
   const SimulationResult &staggered = results[0], &lockstep = results[1], &no_overlap = results[2];
   EXPECT_EQ(staggered.stall_seconds, 0.0);
   EXPECT_NEAR(staggered.peak_memory_bytes / kGB, 68.0, 1.0);  // caches grow by 300 tokens
-  // Lockstep: each cycle's 10 reloads (800 ms) start 3 iterations (about 38 ms each) before the verify.
+  // Lockstep: each cycle's 10 reloads (800 ms) start S_r iterations (about 38 ms each) before the
+  // verify: 3 at the first estimate of T_iter, 2 once verify iterations (which also read 40 GB of
+  // full caches) have lengthened the observed average. The rest of the 800 ms is a stall.
   const double cycles = static_cast<double>(lockstep.verifies) / 10.0;
-  EXPECT_NEAR(lockstep.stall_seconds / cycles, 0.8 - 3 * 0.0383, 0.02);
+  EXPECT_GT(lockstep.stall_seconds / cycles, 0.8 - 3 * 0.0383 - 0.01);
+  EXPECT_LT(lockstep.stall_seconds / cycles, 0.8 - 2 * 0.0383 + 0.01);
   EXPECT_GT(lockstep.peak_memory_bytes, 99 * kGB);  // M + every KV_comp + every KV_full
   EXPECT_FALSE(lockstep.fits_memory);
   EXPECT_GT(staggered.tok_s, 1.3 * lockstep.tok_s);

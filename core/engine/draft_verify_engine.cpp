@@ -640,10 +640,7 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members, double sta
   at::Tensor logits;
   VC_RETURN_IF_ERROR(model_.forward(batch, &logits, observer));
   const double seconds = clock_->now_seconds() - record.start_seconds;
-  if (options_.scheduler != nullptr && record.prefill_items == 0) {
-    iteration_estimate_ = iteration_estimate_ == 0 ? seconds : 0.75 * iteration_estimate_ + 0.25 * seconds;
-    options_.scheduler->set_iteration_seconds(iteration_estimate_);
-  }
+  if (options_.scheduler != nullptr && record.prefill_items == 0) options_.scheduler->observe_iteration(seconds);
 
   const int64_t vocab = model_.config().vocab_size;
   int64_t row = 0;

@@ -34,7 +34,7 @@
 // waits); a due verify whose copy is still in flight holds the whole step back (a stall, reported
 // in StepRecord::stall_seconds), as the simulator models it; one whose copy could not start (no
 // transient pages free: lockstep overbooks) runs when its copy is in. The measured forward
-// times (decode steps only) are fed back as the scheduler's iteration length.
+// times (decode steps only) go to the scheduler (observe_iteration), as the simulator's go there.
 //
 // Requests at different phases share each forward; new requests are admitted between steps when
 // the pools can hold their worst case (admission control: no page allocation can fail later), so
@@ -200,8 +200,7 @@ class DraftVerifyEngine {
   std::vector<std::unique_ptr<Request>> active_;
   std::vector<EngineResult> finished_;
   RequestMetrics totals_;
-  Status scheduler_status_;         // the first placement the scheduler refused
-  double iteration_estimate_ = 0;   // scheduler: moving average of decode forward seconds
+  Status scheduler_status_;  // the first placement the scheduler refused
 };
 
 }  // namespace vericache

@@ -100,9 +100,12 @@ ReloadScheduler::Events ReloadScheduler::events_now() {
   return events;
 }
 
-void ReloadScheduler::set_iteration_seconds(double seconds) {
-  rings_.set_link_seconds_per_iteration(seconds);
-  options_.iteration_seconds = seconds;
+void ReloadScheduler::observe_iteration(double seconds) {
+  if (!(seconds > 0)) return;
+  const double t = observed_ ? 0.75 * options_.iteration_seconds + 0.25 * seconds : seconds;
+  observed_ = true;
+  rings_.set_link_seconds_per_iteration(t);
+  options_.iteration_seconds = t;
 }
 
 void ReloadScheduler::advance() {

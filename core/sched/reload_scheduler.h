@@ -46,7 +46,7 @@ struct ReloadSchedulerOptions {
   ReloadPolicy policy = ReloadPolicy::kStaggered;
   int64_t window = 64;               // W iterations of lookahead
   int64_t draft_length = 16;         // x: target drafts per verify; x + 1 < W
-  double iteration_seconds = 0;      // T_iter
+  double iteration_seconds = 0;      // T_iter until the first observe_iteration()
   double link_bandwidth = 0;         // bytes/s of the link full caches come over
   double memory_capacity_bytes = 0;  // device memory left for streamed full caches
 };
@@ -80,9 +80,11 @@ class ReloadScheduler {
   Events events_now();
   // The next iteration.
   void advance();
-  // A measured iteration length (the engine's clock): spans and link capacity of the placements
-  // made from now on use it. The simulator's iterations take the length it was built with.
-  void set_iteration_seconds(double seconds);
+  // How long an iteration's forward took (stalls left out), by whichever clock drives the
+  // scheduler: the engine's measurements or the simulator's profile. T_iter, which sizes spans and
+  // the link's capacity for the placements made from now on, follows their moving average
+  // (weight 1/4 for the newest).
+  void observe_iteration(double seconds);
 
   int64_t now() const { return now_; }
   size_t waiting() const { return waiting_.size(); }
@@ -101,6 +103,7 @@ class ReloadScheduler {
   ReloadSchedulerOptions options_;
   ReloadRings rings_;
   int64_t now_ = 0;
+  bool observed_ = false;  // T_iter is still the one given in the options
   std::vector<ReloadPlan> plans_;
   std::deque<Waiting> waiting_;
 };

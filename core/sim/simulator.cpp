@@ -120,8 +120,9 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
       memory += kv_comp(r);
     }
     memory += streamed;
-    const double end =
-        forward_start + c.forward_overhead_s + static_cast<double>(rows) * c.row_s + bytes_read / c.hbm_bandwidth;
+    const double forward_s = c.forward_overhead_s + static_cast<double>(rows) * c.row_s + bytes_read / c.hbm_bandwidth;
+    const double end = forward_start + forward_s;
+    scheduler.observe_iteration(forward_s);
 
     IterationRecord rec;
     rec.start_s = now;

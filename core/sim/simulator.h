@@ -1,6 +1,7 @@
 // A discrete-event simulation of long-context decoding under the reload scheduler: the same
 // sched::ReloadScheduler the engine uses, with iteration times from a hardware profile instead of
-// measurements. Each iteration is one batched forward: every drafting request adds a token to its
+// measurements (each goes to the scheduler's observe_iteration, as the engine's measured ones do;
+// the first estimate is Eq. 3's T_gpu plus the profile's overhead and rows for a batch of drafts). Each iteration is one batched forward: every drafting request adds a token to its
 // compressed cache, every verifying request runs its drafts against its full cache, which must
 // have crossed the link first.
 //
