@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The reload-policy ablation on this machine: lockstep vs staggered vs no-overlap reloads of KV_full,
+measured with the engine (verification from copies over an EMULATED link, the transfer engine paced to
+the given bandwidth) and predicted by the simulator on a CPU profile calibrated in the same run, for
+each configuration below; from `vericache bench-reload --json` (see its --help). Every run is checked
+token for token against full-KV decoding (mismatches must be 0).
+
+Writes results/reload_ablation_cpu.md (the table, with the commands and the commit) and
+results/reload_ablation_cpu.json (every row as bench-reload printed it).
+
+Usage, from the repository root, after harness/setup.sh, on otherwise idle cores:
+  python3 harness/bench/reload_ablation.py
+  python3 harness/bench/reload_ablation.py --configs "--link-gb-s 2 -b 4" --decode-tokens 32   (a quick look)
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+from results_file import check_destination, write_atomically
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VERICACHE = os.path.join(ROOT, "build", "vericache")
+DEFAULT_CONFIGS = ["--link-gb-s 2 -b 4", "--link-gb-s 20 -b 4", "--link-gb-s 2 -b 8"]
+
+
+def git(*args):
+    return subprocess.run(["git", "-C", ROOT] + list(args), capture_output=True, text=True).stdout.strip()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", action="append", help="bench-reload options of one configuration (repeatable)")
+    ap.add_argument("--context", type=int, default=8000)
+    ap.add_argument("--draft-length", type=int, default=8)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1, help="threads for the forwards (the other core copies)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "results", "reload_ablation_cpu.md"))
+    args = ap.parse_args()
+    configs = args.configs or DEFAULT_CONFIGS
+    json_out = os.path.splitext(args.out)[0] + ".json"
+    check_destination(args.out)
+    check_destination(json_out)
+    commit = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+
+    rows, commands = [], []
+    for config in configs:
+        cmd = [VERICACHE, "bench-reload", "--context", str(args.context), "-x", str(args.draft_length),
+               "--decode-tokens", str(args.decode_tokens), "--threads", str(args.threads)] + config.split() + ["--json"]
+        shown = "build/vericache " + " ".join(cmd[1:])
+        print(f"[reload_ablation] {shown}", file=sys.stderr, flush=True)
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            sys.exit(f"bench-reload failed (exit {done.returncode}): {shown}")
+        commands.append(shown)
+        for line in done.stdout.splitlines():
+            row = json.loads(line)
+            row["command"] = shown
+            rows.append(row)
+
+    lines = ["# Reload policies on this CPU: measured next to the simulator", "",
+             f"Commit `{commit}`{' (with uncommitted changes)' if dirty else ''}, "
+             f"{datetime.date.today().isoformat()}, `python3 harness/bench/reload_ablation.py"
+             f"{''.join(' --configs ' + repr(c) for c in args.configs or [])}`, which ran:", ""]
+    lines += [f"- `{c}`" for c in commands]
+    lines += ["",
+              f"SmolLM2-135M (Q4_1), a {args.context}-token prompt of the corpus prefilled once and compressed once "
+              f"(SnapKV, c = 0.1); B copies decode {args.decode_tokens} greedy tokens each (EOS ignored), x = "
+              f"{args.draft_length}, W = 48, {args.threads} thread(s) for the forwards and the other core for the "
+              "copy thread. Each verify reads KV_full from a copy in transient pages that crossed an **emulated "
+              "link** (the transfer engine's worker copies page by page and sleeps so the bytes pass at the given "
+              "bandwidth; a CPU has no PCIe between host and device memory; the pools are touched before the run, "
+              "as device memory is resident). Device memory for those copies: B full caches (the memory ring's "
+              "capacity too). Measured = the engine; simulated = `vericache simulate`'s simulator on the CPU "
+              "profile and acceptance the same run calibrated first (full-KV decoding and fixed windows verifying "
+              "in place: forward = overhead + rows x row cost + bytes / bandwidth; each draft accepted with "
+              "probability alpha until the first rejection), the mean of 100 acceptance seeds. Error = simulated / "
+              "measured - 1.",
+              "",
+              "| link GB/s | B | policy | measured tok/s | simulated tok/s | error | stall s (meas. / sim.) | "
+              "link busy (meas. / sim.) | peak transient GB (meas. / sim.) | tokens per verify (meas. / sim.) | "
+              "drafts per verify (meas. / sim.) | mismatches |",
+              "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        link = r["link"].replace("emulated link at ", "").replace(" GB/s", "")
+        lines.append(
+            f"| {link} | {r['batch']} | {r['policy']} | {r['measured_tok_s']:.1f} | {r['simulated_tok_s']:.1f} | "
+            f"{100 * r['error']:+.1f}% | {r['measured_stall_s']:.2f} / {r['simulated_stall_s']:.2f} | "
+            f"{100 * r['measured_link_busy']:.0f}% / {100 * r['simulated_link_busy']:.0f}% | "
+            f"{r['measured_peak_transient_bytes'] / 1e9:.2f} / {r['simulated_peak_streamed_bytes'] / 1e9:.2f} | "
+            f"{r['measured_tokens_per_verify']:.2f} / {r['simulated_tokens_per_verify']:.2f} | "
+            f"{r['measured_drafts_per_verify']:.1f} / {r['simulated_drafts_per_verify']:.1f} | {r['mismatches']} |")
+    lines += ["", "Per configuration, the same run's peers and calibration:", "",
+              "| link GB/s | B | full-KV decoding tok/s | fixed windows, verify in place, tok/s | CPU bandwidth GB/s | "
+              "overhead ms | row ms | alpha |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    seen = set()
+    for r in rows:
+        if r["command"] in seen:
+            continue
+        seen.add(r["command"])
+        link = r["link"].replace("emulated link at ", "").replace(" GB/s", "")
+        lines.append(f"| {link} | {r['batch']} | {r['full_kv_tok_s']:.1f} | {r['fixed_window_tok_s']:.1f} | "
+                     f"{r['cpu_bandwidth_gb_s']:.1f} | {r['cpu_forward_overhead_ms']:.2f} | "
+                     f"{r['cpu_row_us'] / 1e3:.2f} | {r['alpha']:.3f} |")
+    write_atomically(json_out, json.dumps({"commit": commit, "rows": rows}, indent=1) + "\n")
+    write_atomically(args.out, "\n".join(lines) + "\n")
+    print(f"[reload_ablation] wrote {args.out} and {json_out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
