@@ -11,9 +11,11 @@
 // the policies and independent of them: full-KV decoding of the B copies (t_f per step) and the
 // engine without a scheduler or copies (t_d per draft step, t_v per verify step; all B requests in
 // the same windows of x drafts). With M the weights read per forward, F a full cache and C a
-// compressed one, a forward's time t = t0 + rows * t_row + bytes / BW through
-//   draft (B rows, M + B*C) -> t_d,  full-KV (B rows, M + B*F) -> t_f,  verify (B(x+1) rows, M + B*F) -> t_v
-// gives BW, t_row and t0. Acceptance: alpha = accepted / (accepted + rejections) over the
+// compressed one, a forward of B requests takes t = B * t_req + (further verify rows) * t_row +
+// bytes / BW, and
+//   draft (M + B*C) -> t_d,  full-KV (M + B*F) -> t_f,  verify (B*x further rows, M + B*F) -> t_v
+// give BW, t_row and t_req. (A verify row beyond the first costs what a decode row does not: its
+// attention over the whole full cache, where a decode row's is paid by reading the cache once.) Acceptance: alpha = accepted / (accepted + rejections) over the
 // calibration's windows (each draft accepted with probability alpha until the first rejection).
 #include <ATen/ATen.h>
 #include <boost/program_options.hpp>
@@ -25,6 +27,8 @@
 #include <fstream>
 #include <iostream>
 #include <thread>
+
+#include <unistd.h>
 
 #include "bench_support.h"
 #include "cli_common.h"
@@ -53,7 +57,7 @@ class WindowCounts : public StepTimes {
 constexpr double kUnresolvedBandwidth = 1e18;
 
 struct CpuProfile {
-  double bandwidth = 0, overhead_s = 0, row_s = 0, alpha = 0;
+  double bandwidth = 0, request_s = 0, verify_row_s = 0, alpha = 0;
   double draft_ms = 0, verify_ms = 0, full_kv_ms = 0;
 };
 
@@ -80,6 +84,10 @@ Result<double> measure_copy_bandwidth(const LlamaModel& m, const SequenceKv& kv,
   }
   std::sort(rates.begin(), rates.end());
   return rates[1];
+}
+
+double physical_memory_bytes() {
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
 struct PolicyRun {
@@ -272,11 +280,11 @@ int run_bench_reload(int argc, char** argv) {
   cpu.full_kv_ms = full->step_ms();
   const double t_d = cpu.draft_ms / 1e3, t_v = cpu.verify_ms / 1e3, t_f = cpu.full_kv_ms / 1e3;
   // A full-KV step no slower than a draft step (short contexts, noise) leaves the bytes term
-  // unresolved: the forward is then modelled by its overhead and rows alone.
+  // unresolved: the forward is then modelled by its requests and verify rows alone.
   const double seconds_per_byte = std::max(0.0, (t_f - t_d) / (B * (full_bytes - comp_bytes)));
   cpu.bandwidth = seconds_per_byte > 0 ? 1.0 / seconds_per_byte : kUnresolvedBandwidth;
-  cpu.row_s = std::max(0.0, (t_v - t_f) / (B * x));
-  cpu.overhead_s = std::max(0.0, t_d - B * cpu.row_s - (weights + B * comp_bytes) * seconds_per_byte);
+  cpu.verify_row_s = std::max(0.0, (t_v - t_f) / (B * x));
+  cpu.request_s = std::max(0.0, (t_d - (weights + B * comp_bytes) * seconds_per_byte) / B);
   cpu.alpha = calibration.accepted + calibration.rejections > 0
                   ? static_cast<double>(calibration.accepted) /
                         static_cast<double>(calibration.accepted + calibration.rejections)
@@ -288,19 +296,20 @@ int run_bench_reload(int argc, char** argv) {
                  cpu.full_kv_ms, cpu.draft_ms);
   }
   std::fprintf(stderr,
-               "[bench-reload] CPU profile: %.2f GB/s, %.2f ms per forward, %.1f us per row, copies at %.2f GB/s; "
-               "alpha %.3f (draft %.1f ms, verify %.1f ms, full-KV %.1f ms per step)\n",
-               cpu.bandwidth / 1e9, 1e3 * cpu.overhead_s, 1e6 * cpu.row_s, *copy_bandwidth / 1e9, cpu.alpha,
+               "[bench-reload] CPU profile: %.2f GB/s, %.2f ms per request, %.2f ms per further verify row, copies at "
+               "%.2f GB/s; alpha %.3f (draft %.1f ms, verify %.1f ms, full-KV %.1f ms per step)\n",
+               cpu.bandwidth / 1e9, 1e3 * cpu.request_s, 1e3 * cpu.verify_row_s, *copy_bandwidth / 1e9, cpu.alpha,
                cpu.draft_ms, cpu.verify_ms, cpu.full_kv_ms);
   if (!profile_out.empty()) {
     nlohmann::json p{{"name", "cpu-this-machine"},
-                     {"description", "this CPU, calibrated by vericache bench-reload (forward = overhead + rows x row + "
-                                     "bytes / bandwidth); the link is the emulated one of the run"},
-                     {"memory_gb", 24},
+                     {"description", "this CPU, calibrated by vericache bench-reload (forward = requests x request + "
+                                     "further verify rows x verify row + bytes / bandwidth); the link is the run's "
+                                     "emulated one"},
+                     {"memory_gb", physical_memory_bytes() / 1e9},
                      {"memory_bandwidth_gb_s", cpu.bandwidth / 1e9},
                      {"link_bandwidth_gb_s", link_bandwidth / 1e9},
-                     {"forward_overhead_ms", 1e3 * cpu.overhead_s},
-                     {"row_us", 1e6 * cpu.row_s},
+                     {"request_us", 1e6 * cpu.request_s},
+                     {"verify_row_us", 1e6 * cpu.verify_row_s},
                      {"source", "vericache bench-reload --threads " + std::to_string(ThreadPool::global().threads()) +
                                     " on " + m.path() + ", context " + std::to_string(context) + ", batch " +
                                     std::to_string(batch)}};
@@ -355,10 +364,10 @@ int run_bench_reload(int argc, char** argv) {
     c.kv_bytes_per_token = b;
     c.hbm_bandwidth = cpu.bandwidth;
     c.link_bandwidth = link_bandwidth;
-    c.forward_overhead_s = cpu.overhead_s;
-    c.row_s = cpu.row_s;
+    c.request_s = cpu.request_s;
+    c.verify_row_s = cpu.verify_row_s;
     c.streamed_capacity_bytes = so.memory_capacity_bytes;
-    c.memory_bytes = 24e9;
+    c.memory_bytes = physical_memory_bytes();
     c.context = context;
     c.output_tokens = decode_tokens - 1;
     c.batch = batch;
@@ -425,8 +434,8 @@ int run_bench_reload(int argc, char** argv) {
                          {"cpu_bandwidth_gb_s", cpu.bandwidth / 1e9},
                          {"copy_bandwidth_gb_s", *copy_bandwidth / 1e9},
                          {"link_bandwidth_gb_s", link_bandwidth / 1e9},
-                         {"cpu_forward_overhead_ms", 1e3 * cpu.overhead_s},
-                         {"cpu_row_us", 1e6 * cpu.row_s},
+                         {"cpu_request_ms", 1e3 * cpu.request_s},
+                         {"cpu_verify_row_ms", 1e3 * cpu.verify_row_s},
                          {"alpha", cpu.alpha},
                          {"kv_full_bytes", full_bytes},
                          {"threads", ThreadPool::global().threads()},

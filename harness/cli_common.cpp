@@ -227,6 +227,29 @@ Result<std::shared_ptr<Compressor>> load_compressor_for(const std::string& name_
   return compressor;
 }
 
+std::vector<double> parse_number_list(const std::string& text, const char* option, double min, double max) {
+  std::vector<double> out;
+  for (const std::string& item : split_list(text)) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || !std::isfinite(v)) {
+      throw boost::program_options::error(std::string("--") + option + ": '" + item + "' is not a number");
+    }
+    if (v < min || v > max) {
+      throw boost::program_options::error(std::string("--") + option + ": " + item + " is outside [" + format_number(min) +
+                                          ", " + format_number(max) + "]");
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) throw boost::program_options::error(std::string("--") + option + " needs at least one value");
+  return out;
+}
+
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> out;
   std::stringstream ss(text);

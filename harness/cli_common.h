@@ -98,6 +98,8 @@ std::optional<int> parse_command_line(const std::string& command, const boost::p
 // A comma-separated list of integers in [1, max] ("512,2048") for option --`option`; throws
 // boost::program_options::error naming the bad item (callers report it as a usage error).
 std::vector<int64_t> parse_positive_list(const std::string& text, const char* option, int64_t max);
+// "0.1,0.25" as numbers in [min, max]; throws boost::program_options::error naming the bad item.
+std::vector<double> parse_number_list(const std::string& text, const char* option, double min, double max);
 // The non-empty items of a comma-separated list.
 std::vector<std::string> split_list(const std::string& text);
 

@@ -15,5 +15,6 @@ int run_bench_acceptance(int argc, char** argv);
 int run_model(int argc, char** argv);
 int run_simulate(int argc, char** argv);
 int run_bench_reload(int argc, char** argv);
+int run_sweep(int argc, char** argv);
 
 }  // namespace vericache::cli

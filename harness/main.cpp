@@ -28,6 +28,7 @@ constexpr Command kCommands[] = {
     {"train-kvzap", vericache::cli::run_train_kvzap, "fit the KVzap surrogate on a calibration corpus (KVzip+ teacher)"},
     {"model", vericache::cli::run_model, "the throughput model (Eq. 3, Eq. 4) for a hardware profile and a model shape"},
     {"simulate", vericache::cli::run_simulate, "simulate the reload scheduler on a hardware profile, next to Eq. 3"},
+    {"sweep", vericache::cli::run_sweep, "the simulator over a grid of configurations, into one HDF5 file"},
     {"bench-reload", vericache::cli::run_bench_reload, "lockstep vs staggered vs no-overlap reloads: measured, and simulated"},
 };
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "cli_runner.h"
+#include "util/hdf5_table.h"
 #include "test_support.h"
 
 namespace vericache {
@@ -118,6 +120,49 @@ TEST(Cli, BenchReloadMeasuresAndSimulatesEachPolicy) {
                         0),
             0u)
       << r.err;
+}
+
+// vericache sweep: the Fig. 6 machine over two links, two KV budgets and every policy, one row per
+// configuration in the HDF5 file; a row equals `vericache simulate` of the same configuration, and
+// a budget too small for the compressed caches is a refused row (ok = 0, NaN results).
+TEST(Cli, SweepWritesEveryConfigurationToHdf5) {
+  const std::string out = testing::temp_dir() + "/sweep.h5";
+  const std::string machine =
+      "--weights-gb 50 --kv-full-gb 4 --context 40000 --requests 10 --output-tokens 300 --alpha 0.97 --window 64";
+  CliRun r = run_vericache("sweep " + machine +
+                           " --rhos 10,32 --kv-fractions 1,0.05 --ratios 0.25 --draft-lengths 30 --batches 10 -o " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("12 configurations, 6 simulated, 6 refused"), std::string::npos) << r.out;
+  auto tok_s = read_hdf5_column(out, "tok_s");
+  auto ok = read_hdf5_column(out, "ok");
+  auto rho = read_hdf5_column(out, "rho");
+  auto fraction = read_hdf5_column(out, "kv_fraction");
+  auto policy = read_hdf5_column(out, "policy");
+  ASSERT_TRUE(tok_s.ok() && ok.ok() && rho.ok() && fraction.ok() && policy.ok()) << tok_s.status().message();
+  ASSERT_EQ(tok_s->size(), 12u);
+  EXPECT_EQ(*read_hdf5_attribute(out, "hardware"), "rtx-pro-6000");
+  const CliRun single = run_vericache("simulate " + machine + " -c 0.25 -x 30 -b 10 --link-gb-s 50 --json");
+  ASSERT_EQ(single.exit_code, 0) << single.err;
+  const double want = nlohmann::json::parse(single.out)["throughput_tok_s"].get<double>();
+  int matched = 0;
+  for (size_t i = 0; i < tok_s->size(); ++i) {
+    if ((*fraction)[i] < 1) {
+      EXPECT_EQ((*ok)[i], 0.0) << i;
+      EXPECT_TRUE(std::isnan((*tok_s)[i])) << i;
+      continue;
+    }
+    EXPECT_EQ((*ok)[i], 1.0) << i;
+    EXPECT_GT((*tok_s)[i], 0) << i;
+    if ((*rho)[i] == 32 && (*policy)[i] == 0) {
+      EXPECT_DOUBLE_EQ((*tok_s)[i], want);
+      ++matched;
+    }
+  }
+  EXPECT_EQ(matched, 1);
+  EXPECT_EQ(read_hdf5_column(out, "missing").status().message(), out + ": no column 'missing'");
+  r = run_vericache("sweep --rhos 10,x -o " + out);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("vericache sweep: --rhos: 'x' is not a number\n", 0), 0u) << r.err;
 }
 
 // --model takes an embedded model's short name as well as a path.

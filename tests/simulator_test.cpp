@@ -102,10 +102,11 @@ TEST(Simulator, StaggeredBeatsLockstepWhenTheLinkIsTheBottleneck) {
   EXPECT_EQ(lockstep.tokens, 3000);
 }
 
-// A CPU profile's fixed cost per forward and cost per token row add to every iteration exactly:
+// A CPU profile's costs per forward, per request and per verify row add to every iteration exactly:
 // with a link fast enough that nothing stalls, the schedule and the acceptance draws stay the same
-// and the time grows by iterations * t0 + rows * t_row (a drafting request is one row, a verifying
-// one its drafts + 1). A cap on streamed memory bounds the simulated peak.
+// and the time grows by iterations * t0 + request-iterations * t_req + drafts verified * t_row
+// (every request is in every forward: one iteration per draft and one per verify). A cap on
+// streamed memory bounds the simulated peak.
 TEST(Simulator, ForwardOverheadAndRowCostAddToEveryIteration) {
   SimulationConfig c = worked_example();
   c.link_bandwidth = 1e6 * kGB;
@@ -115,16 +116,19 @@ TEST(Simulator, ForwardOverheadAndRowCostAddToEveryIteration) {
   c.alpha = 0.8;
   auto plain = simulate(c);
   c.forward_overhead_s = 0.002;
-  c.row_s = 0.0005;
+  c.request_s = 0.0005;
+  c.verify_row_s = 0.0003;
   auto costed = simulate(c);
   ASSERT_TRUE(plain.ok() && costed.ok());
   EXPECT_EQ(costed->iterations, plain->iterations);
   EXPECT_EQ(costed->verifies, plain->verifies);
   EXPECT_EQ(costed->stall_seconds, 0.0);
   const double drafts = costed->mean_drafts_per_verify * static_cast<double>(costed->verifies);
-  const double rows = 2 * drafts + static_cast<double>(costed->verifies);
+  const double request_iterations = drafts + static_cast<double>(costed->verifies);
   EXPECT_NEAR(costed->seconds - plain->seconds,
-              static_cast<double>(costed->iterations) * c.forward_overhead_s + rows * c.row_s, 1e-6);
+              static_cast<double>(costed->iterations) * c.forward_overhead_s + request_iterations * c.request_s +
+                  drafts * c.verify_row_s,
+              1e-6);
 
   c.streamed_capacity_bytes = 6 * kGB;  // room for one 5 GB full cache at a time
   auto capped = simulate(c);

@@ -130,15 +130,16 @@ TEST(Profiles, BadProfilesAreNamedErrors) {
             path + ": 'memory_bandwidth_gb_s' = -3.000000 is out of range [0.001000, 1000000.000000]");
   std::ofstream(path) << R"({"name": "x", "description": "d", "source": "s", "memory_gb": 24,
                             "memory_bandwidth_gb_s": 11, "link_bandwidth_gb_s": 2, "forward_overhead_ms": 9.5,
-                            "row_us": 7400})";
+                            "request_us": 7400, "verify_row_us": 11000})";
   auto cpu = load_hardware_profile(path, kProfiles);
   ASSERT_TRUE(cpu.ok()) << cpu.status().message();
   EXPECT_DOUBLE_EQ(cpu->forward_overhead_s, 0.0095);
-  EXPECT_DOUBLE_EQ(cpu->row_s, 0.0074);
+  EXPECT_DOUBLE_EQ(cpu->request_s, 0.0074);
+  EXPECT_DOUBLE_EQ(cpu->verify_row_s, 0.011);
   std::ofstream(path) << R"({"name": "x", "description": "d", "source": "s", "memory_gb": 24,
-                            "memory_bandwidth_gb_s": 11, "link_bandwidth_gb_s": 2, "row_us": -1})";
+                            "memory_bandwidth_gb_s": 11, "link_bandwidth_gb_s": 2, "verify_row_us": -1})";
   EXPECT_EQ(load_hardware_profile(path, kProfiles).status().message(),
-            path + ": 'row_us' = -1.000000 is out of range [0.000000, 1000000000.000000]");
+            path + ": 'verify_row_us' = -1.000000 is out of range [0.000000, 1000000000.000000]");
   std::ofstream(path) << R"({"name": "x", "description": "d", "source": "s", "layers": 2.5})";
   auto fractional = load_model_shape(path, kProfiles);
   ASSERT_FALSE(fractional.ok());

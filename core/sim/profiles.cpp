@@ -98,9 +98,13 @@ Result<HardwareProfile> load_hardware_profile(const std::string& name_or_path, c
     VC_RETURN_IF_ERROR(get_number(j, path, "forward_overhead_ms", 0, 1e6, &p.forward_overhead_s));
     p.forward_overhead_s /= 1e3;
   }
-  if (j.contains("row_us")) {
-    VC_RETURN_IF_ERROR(get_number(j, path, "row_us", 0, 1e9, &p.row_s));
-    p.row_s /= 1e6;
+  if (j.contains("request_us")) {
+    VC_RETURN_IF_ERROR(get_number(j, path, "request_us", 0, 1e9, &p.request_s));
+    p.request_s /= 1e6;
+  }
+  if (j.contains("verify_row_us")) {
+    VC_RETURN_IF_ERROR(get_number(j, path, "verify_row_us", 0, 1e9, &p.verify_row_s));
+    p.verify_row_s /= 1e6;
   }
   return p;
 }

@@ -23,10 +23,12 @@ struct HardwareProfile {
   double memory_bytes = 0;           // device memory (HBM) capacity
   double memory_bandwidth = 0;       // bytes/s a forward streams from device memory (BW_hbm)
   double link_bandwidth = 0;         // bytes/s host -> device for KV_full reloads (BW_inter)
-  // Optional ("forward_overhead_ms", "row_us"; 0 when absent): a fixed cost per forward and a cost
-  // per token row, for machines (a CPU) where a forward is not bytes / bandwidth alone.
+  // Optional ("forward_overhead_ms", "request_us", "verify_row_us"; 0 when absent), for machines
+  // (a CPU) where a forward is not bytes / bandwidth alone: a fixed cost per forward, a cost per
+  // request in it (its first row), and a cost per further row of a verify (its drafts).
   double forward_overhead_s = 0;
-  double row_s = 0;
+  double request_s = 0;
+  double verify_row_s = 0;
 };
 
 struct ModelShapeProfile {

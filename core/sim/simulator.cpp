@@ -57,7 +57,7 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
   eq3.ratio = c.ratio;
   eq3.draft_length = c.draft_length;
   const double iteration_s =
-      c.forward_overhead_s + static_cast<double>(batch) * c.row_s + estimate_long_context(eq3).t_gpu_s;
+      c.forward_overhead_s + static_cast<double>(batch) * c.request_s + estimate_long_context(eq3).t_gpu_s;
   const double compressed_bytes =
       static_cast<double>(batch) * (c.ratio * static_cast<double>(c.context) + static_cast<double>(c.output_tokens + c.draft_length)) * b;
   const double streamed_room =
@@ -105,7 +105,7 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
       out.reload_bytes += kv_full(r);
     }
     double forward_start = now, bytes_read = c.weight_bytes, memory = c.weight_bytes, streamed = 0;
-    int64_t rows = 0;
+    int64_t verify_rows = 0;
     std::vector<int64_t> verifying;
     for (const sched::ReloadPlan& p : events.verifying) {
       verifying.push_back(p.request);
@@ -115,12 +115,13 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
     }
     for (auto& [id, r] : active) {
       bytes_read += r.verifying ? kv_full(r) : kv_comp(r);
-      rows += r.verifying ? r.drafts + 1 : 1;
+      verify_rows += r.verifying ? r.drafts : 0;
       streamed += r.reloading ? kv_full(r) : 0.0;
       memory += kv_comp(r);
     }
     memory += streamed;
-    const double forward_s = c.forward_overhead_s + static_cast<double>(rows) * c.row_s + bytes_read / c.hbm_bandwidth;
+    const double forward_s = c.forward_overhead_s + static_cast<double>(active.size()) * c.request_s +
+                             static_cast<double>(verify_rows) * c.verify_row_s + bytes_read / c.hbm_bandwidth;
     const double end = forward_start + forward_s;
     scheduler.observe_iteration(forward_s);
 

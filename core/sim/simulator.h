@@ -6,8 +6,9 @@
 // have crossed the link first.
 //
 //   forward time   (M + every request's KV_comp + the KV_full of each verifying request) / BW_hbm,
-//                  plus a fixed cost per forward and a cost per token row when the profile has them
-//                  (a CPU forward: thread hand-offs, and matrix work that grows with the rows)
+//                  plus, when the profile has them, a fixed cost per forward, a cost per request
+//                  in it and a cost per further verify row (a CPU forward: matrix work that grows
+//                  with the rows, where a GPU's is hidden under the bytes)
 //   link           serial: a reload starts when the scheduler says and when the link is free, and
 //                  takes KV_full / BW_inter; a verify waits for its reload (the wait is a stall)
 //   memory         M + every KV_comp + the full caches reloading or resident until their verify
@@ -35,7 +36,8 @@ struct SimulationConfig {
   double link_bandwidth = 0;      // BW_inter, bytes/s
   double memory_bytes = 0;        // device memory
   double forward_overhead_s = 0;  // fixed seconds per forward
-  double row_s = 0;               // seconds per token row of a forward
+  double request_s = 0;           // seconds per request in a forward (its first row)
+  double verify_row_s = 0;        // seconds per further row of a verify (one per draft)
   // Device memory for streamed full caches; 0: what memory_bytes leaves after the weights and
   // every compressed cache.
   double streamed_capacity_bytes = 0;

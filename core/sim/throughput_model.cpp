@@ -1,6 +1,7 @@
 #include "sim/throughput_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "util/check.h"
 
@@ -51,6 +52,11 @@ RemotePrefixEstimate estimate_remote_prefix(const RemotePrefixInputs& in) {
   e.full_kv_start_s = in.kv_full_bytes / in.slow_link_bandwidth;
   e.startup_speedup = e.full_kv_start_s / e.t_start_s;
   return e;
+}
+
+double gamma_for_alpha(double alpha, int64_t x) {
+  const double n = static_cast<double>(x);
+  return alpha >= 1 ? 1.0 : alpha * (1 - std::pow(alpha, n)) / ((1 - alpha) * n);
 }
 
 }  // namespace vericache::sim

@@ -56,6 +56,10 @@ struct LongContextEstimate {
 // parse them (an assertion here).
 LongContextEstimate estimate_long_context(const LongContextInputs& in);
 
+// gamma when each of x drafts is accepted with probability alpha until the first rejection:
+// E[accepted] / x = alpha (1 - alpha^x) / ((1 - alpha) x); 1 at alpha = 1.
+double gamma_for_alpha(double alpha, int64_t x);
+
 // Eq. 4 inputs: one request whose prefix KV is stored remotely.
 struct RemotePrefixInputs {
   double kv_full_bytes = 0;         // KV_full of the prefix
