@@ -15,8 +15,9 @@
 // bytes / BW, and
 //   draft (M + B*C) -> t_d,  full-KV (M + B*F) -> t_f,  verify (B*x further rows, M + B*F) -> t_v
 // give BW, t_row and t_req. (A verify row beyond the first costs what a decode row does not: its
-// attention over the whole full cache, where a decode row's is paid by reading the cache once.) Acceptance: alpha = accepted / (accepted + rejections) over the
-// calibration's windows (each draft accepted with probability alpha until the first rejection).
+// attention over the whole full cache, where a decode row's is paid by reading the cache once.)
+// Acceptance: each draft accepted with probability alpha until the first rejection, alpha chosen so
+// that the model's mean accepted drafts of x equal the calibration windows' mean.
 #include <ATen/ATen.h>
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
@@ -36,6 +37,7 @@
 #include "engine/compression.h"
 #include "engine/draft_verify_engine.h"
 #include "sim/simulator.h"
+#include "sim/throughput_model.h"
 #include "util/thread_pool.h"
 
 namespace po = boost::program_options;
@@ -43,15 +45,31 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 namespace {
 
-// Windows that ended in a rejection, for the acceptance fit.
+// Accepted drafts of the windows that drafted all x, for the acceptance fit.
 class WindowCounts : public StepTimes {
  public:
+  explicit WindowCounts(int64_t x) : x_(x) {}
   void on_window(const WindowRecord& w) override {
+    if (w.drafted != x_) return;  // the last windows of a request draft fewer
     accepted += w.accepted;
-    rejections += w.accepted < w.drafted ? 1 : 0;
+    ++windows;
   }
-  int64_t accepted = 0, rejections = 0;
+  int64_t accepted = 0, windows = 0;
+
+ private:
+  int64_t x_;
 };
+
+// The alpha whose geometric model (each draft accepted with probability alpha until the first
+// rejection) gives `mean_accepted` of x drafts: the model then matches the calibration's mean.
+double alpha_for_mean_accepted(double mean_accepted, int64_t x) {
+  double lo = 0, hi = 1;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (sim::gamma_for_alpha(mid, x) * static_cast<double>(x) < mean_accepted ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
 
 // Stands for "reading the cache costs nothing measurable" (bytes / this is below a nanosecond).
 constexpr double kUnresolvedBandwidth = 1e18;
@@ -261,7 +279,7 @@ int run_bench_reload(int argc, char** argv) {
                  "link runs at the copy speed (and the simulator is told so)\n",
                  *copy_bandwidth / 1e9, link_gb_s);
   }
-  WindowCounts calibration;
+  WindowCounts calibration(draft_length);
   double calibration_seconds = 0, unused = 0;
   auto calibrated = run_engine(EngineOptions{}, 0, &calibration, &calibration_seconds, &unused);
   if (!calibrated.ok()) return report_error(calibrated.status());
@@ -285,9 +303,9 @@ int run_bench_reload(int argc, char** argv) {
   cpu.bandwidth = seconds_per_byte > 0 ? 1.0 / seconds_per_byte : kUnresolvedBandwidth;
   cpu.verify_row_s = std::max(0.0, (t_v - t_f) / (B * x));
   cpu.request_s = std::max(0.0, (t_d - (weights + B * comp_bytes) * seconds_per_byte) / B);
-  cpu.alpha = calibration.accepted + calibration.rejections > 0
-                  ? static_cast<double>(calibration.accepted) /
-                        static_cast<double>(calibration.accepted + calibration.rejections)
+  cpu.alpha = calibration.windows > 0
+                  ? alpha_for_mean_accepted(
+                        static_cast<double>(calibration.accepted) / static_cast<double>(calibration.windows), draft_length)
                   : 1.0;
   if (seconds_per_byte == 0) {
     std::fprintf(stderr,

@@ -78,7 +78,8 @@ def main():
               "profile and acceptance the same run calibrated first (full-KV decoding and fixed windows verifying "
               "in place: forward = requests x per-request cost + further verify rows x per-row cost + bytes / "
               "bandwidth; each draft accepted with "
-              "probability alpha until the first rejection), the mean of 100 acceptance seeds. Error = simulated / "
+              "probability alpha until the first rejection, alpha matching the calibration's mean accepted drafts), "
+              "the mean of 100 acceptance seeds. Error = simulated / "
               "measured - 1.",
               "",
               "| link GB/s | B | policy | measured tok/s | simulated tok/s | error | stall s (meas. / sim.) | "
