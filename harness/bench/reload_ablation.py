@@ -11,6 +11,7 @@ results/reload_ablation_cpu.json (every row as bench-reload printed it).
 Usage, from the repository root, after harness/setup.sh, on otherwise idle cores:
   python3 harness/bench/reload_ablation.py
   python3 harness/bench/reload_ablation.py --configs "--link-gb-s 2 -b 4" --decode-tokens 32   (a quick look)
+  python3 harness/bench/reload_ablation.py --table-only    (rewrite the .md from the .json)
 """
 import argparse
 import datetime
@@ -38,6 +39,7 @@ def main():
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1, help="threads for the forwards (the other core copies)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "reload_ablation_cpu.md"))
+    ap.add_argument("--table-only", action="store_true", help="rewrite the .md from the .json beside it")
     args = ap.parse_args()
     configs = args.configs or DEFAULT_CONFIGS
     json_out = os.path.splitext(args.out)[0] + ".json"
@@ -47,6 +49,13 @@ def main():
     dirty = git("status", "--porcelain", "--untracked-files=no")
 
     rows, commands = [], []
+    if args.table_only:
+        with open(json_out, encoding="utf-8") as f:
+            stored = json.load(f)
+        rows, commit, dirty = stored["rows"], stored["commit"], stored.get("dirty", "")
+        commands = stored.get("commands") or list(dict.fromkeys(r["command"] for r in rows))
+        configs = []
+        args.configs = stored.get("configs")
     for config in configs:
         cmd = [VERICACHE, "bench-reload", "--context", str(args.context), "-x", str(args.draft_length),
                "--decode-tokens", str(args.decode_tokens), "--threads", str(args.threads)] + config.split() + ["--json"]
@@ -74,7 +83,8 @@ def main():
               "link** (the transfer engine's worker copies page by page and sleeps so the bytes pass at the given "
               "bandwidth; a CPU has no PCIe between host and device memory; the pools are touched before the run, "
               "as device memory is resident). Device memory for those copies: B full caches (the memory ring's "
-              "capacity too). Measured = the engine; simulated = `vericache simulate`'s simulator on the CPU "
+              "capacity too). A link asked faster than this machine copies runs at the copy speed (the second table's "
+              "'run' column), and the simulator is told so. Measured = the engine; simulated = `vericache simulate`'s simulator on the CPU "
               "profile and acceptance the same run calibrated first (full-KV decoding and fixed windows verifying "
               "in place: forward = requests x per-request cost + further verify rows x per-row cost + bytes / "
               "bandwidth; each draft accepted with "
@@ -96,7 +106,7 @@ def main():
             f"{r['measured_tokens_per_verify']:.2f} / {r['simulated_tokens_per_verify']:.2f} | "
             f"{r['measured_drafts_per_verify']:.1f} / {r['simulated_drafts_per_verify']:.1f} | {r['mismatches']} |")
     lines += ["", "Per configuration, the same run's peers and calibration:", "",
-              "| link GB/s | B | full-KV decoding tok/s | fixed windows, verify in place, tok/s | CPU bandwidth GB/s | "
+              "| link GB/s (asked / run) | B | full-KV decoding tok/s | fixed windows, verify in place, tok/s | CPU bandwidth GB/s | "
               "ms per request | ms per further verify row | copy GB/s | alpha |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     seen = set()
     for r in rows:
@@ -104,10 +114,12 @@ def main():
             continue
         seen.add(r["command"])
         link = r["link"].replace("emulated link at ", "").replace(" GB/s", "")
-        lines.append(f"| {link} | {r['batch']} | {r['full_kv_tok_s']:.1f} | {r['fixed_window_tok_s']:.1f} | "
+        lines.append(f"| {link} / {r['link_bandwidth_gb_s']:.2f} | {r['batch']} | {r['full_kv_tok_s']:.1f} | {r['fixed_window_tok_s']:.1f} | "
                      f"{r['cpu_bandwidth_gb_s']:.1f} | {r['cpu_request_ms']:.2f} | {r['cpu_verify_row_ms']:.2f} | "
                      f"{r['copy_bandwidth_gb_s']:.1f} | {r['alpha']:.3f} |")
-    write_atomically(json_out, json.dumps({"commit": commit, "rows": rows}, indent=1) + "\n")
+    if not args.table_only:
+        write_atomically(json_out, json.dumps({"commit": commit, "dirty": dirty, "commands": commands,
+                                               "configs": args.configs, "rows": rows}, indent=1) + "\n")
     write_atomically(args.out, "\n".join(lines) + "\n")
     print(f"[reload_ablation] wrote {args.out} and {json_out}", file=sys.stderr)
 
