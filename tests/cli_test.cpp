@@ -85,7 +85,7 @@ TEST(Cli, ModelPrintsThePapersWorkedExample) {
       << r.err;
   r = run_vericache("model --hardware a100");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err.rfind("vericache model: no hardware profile named 'a100' (known: gh200, h100-nvl, h200, "
+  EXPECT_EQ(r.err.rfind("vericache model: no hardware profile named 'a100' (known: cpu-2core, gh200, h100-nvl, h200, "
                         "rtx-pro-6000; or give a .json path)\n",
                         0),
             0u)

@@ -113,14 +113,18 @@ TEST(Profiles, ModelShapesGiveKvBytesPerToken) {
     EXPECT_NEAR(p->weight_bytes / 1e9, w.weight_gb, 0.01) << w.name;
   }
   EXPECT_EQ(profile_names(kProfiles, "hardware"),
-            (std::vector<std::string>{"gh200", "h100-nvl", "h200", "rtx-pro-6000"}));
+            (std::vector<std::string>{"cpu-2core", "gh200", "h100-nvl", "h200", "rtx-pro-6000"}));
+  auto cpu = load_hardware_profile("cpu-2core", kProfiles);  // bench-reload's calibration of this machine
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  EXPECT_GT(cpu->request_s, 0);
+  EXPECT_GT(cpu->verify_row_s, cpu->request_s);
 }
 
 TEST(Profiles, BadProfilesAreNamedErrors) {
   auto unknown = load_hardware_profile("a100", kProfiles);
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().message(),
-            "no hardware profile named 'a100' (known: gh200, h100-nvl, h200, rtx-pro-6000; or give a .json path)");
+            "no hardware profile named 'a100' (known: cpu-2core, gh200, h100-nvl, h200, rtx-pro-6000; or give a .json path)");
   const std::string path = ::testing::TempDir() + "/bad_profile.json";
   std::ofstream(path) << R"({"name": "x", "description": "d", "source": "s", "memory_gb": 80,
                             "memory_bandwidth_gb_s": -3, "link_bandwidth_gb_s": 64})";
