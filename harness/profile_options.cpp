@@ -33,4 +33,18 @@ Result<ResolvedProfiles> resolve_profiles(const ProfileOptions& options, const p
   return r;
 }
 
+sim::SimulationConfig machine_config(const ResolvedProfiles& p, int64_t context) {
+  sim::SimulationConfig c;
+  c.weight_bytes = p.weight_bytes;
+  c.kv_bytes_per_token = p.kv_full_bytes / static_cast<double>(context);
+  c.hbm_bandwidth = p.hardware.memory_bandwidth;
+  c.link_bandwidth = p.link_bandwidth;
+  c.memory_bytes = p.hardware.memory_bytes;
+  c.forward_overhead_s = p.hardware.forward_overhead_s;
+  c.request_s = p.hardware.request_s;
+  c.verify_row_s = p.hardware.verify_row_s;
+  c.context = context;
+  return c;
+}
+
 }  // namespace vericache::cli

@@ -12,6 +12,7 @@
 
 #include "cli_common.h"
 #include "sim/profiles.h"
+#include "sim/simulator.h"
 
 namespace vericache::cli {
 
@@ -36,5 +37,8 @@ struct ResolvedProfiles {
 // NotFound / InvalidArgument from the profile loaders, as they word them.
 Result<ResolvedProfiles> resolve_profiles(const ProfileOptions& options, const boost::program_options::variables_map& vm,
                                           int64_t context, bool with_hardware);
+// A simulation of requests with `context` prompt tokens on that machine: its sizes, bandwidths and
+// costs filled in, the rest (batch, policy, acceptance...) at their defaults.
+sim::SimulationConfig machine_config(const ResolvedProfiles& p, int64_t context);
 
 }  // namespace vericache::cli

@@ -74,16 +74,7 @@ int run_simulate(int argc, char** argv) {
   const sim::HardwareProfile* hw = &p->hardware;
   const sim::ModelShapeProfile* shape = &p->shape;
 
-  sim::SimulationConfig c;
-  c.weight_bytes = p->weight_bytes;
-  c.kv_bytes_per_token = p->kv_full_bytes / static_cast<double>(context);
-  c.hbm_bandwidth = hw->memory_bandwidth;
-  c.link_bandwidth = p->link_bandwidth;
-  c.memory_bytes = hw->memory_bytes;
-  c.forward_overhead_s = hw->forward_overhead_s;
-  c.request_s = hw->request_s;
-  c.verify_row_s = hw->verify_row_s;
-  c.context = context;
+  sim::SimulationConfig c = machine_config(*p, context);
   c.output_tokens = output_tokens;
   c.batch = batch;
   c.requests = requests;

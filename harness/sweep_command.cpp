@@ -117,16 +117,8 @@ int run_sweep(int argc, char** argv) {
         for (double ratio : ratios)
           for (int64_t batch : batches)
             for (sched::ReloadPolicy policy : policies) {
-              sim::SimulationConfig c;
-              c.weight_bytes = p->weight_bytes;
-              c.kv_bytes_per_token = p->kv_full_bytes / static_cast<double>(context);
-              c.hbm_bandwidth = p->hardware.memory_bandwidth;
+              sim::SimulationConfig c = machine_config(*p, context);
               c.link_bandwidth = c.hbm_bandwidth / rho;
-              c.memory_bytes = p->hardware.memory_bytes;
-              c.forward_overhead_s = p->hardware.forward_overhead_s;
-              c.request_s = p->hardware.request_s;
-              c.verify_row_s = p->hardware.verify_row_s;
-              c.context = context;
               c.output_tokens = output_tokens;
               c.batch = batch;
               c.requests = requests;
