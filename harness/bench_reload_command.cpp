@@ -84,8 +84,8 @@ struct CpuProfile {
 Result<double> measure_copy_bandwidth(const LlamaModel& m, const SequenceKv& kv, const PagePool& kv_pool,
                                       int64_t page_size) {
   const int64_t pages = kv.n_layers() * kv_pool.spec().pages_for(kv.length(0) + 1);
-  VC_ASSIGN_OR_RETURN(PagePool device,
-                      PagePool::create(m.kv_page_spec(page_size), PagePoolOptions{1, pages, at::kFloat, at::kCPU, false}));
+  VC_ASSIGN_OR_RETURN(PagePool device, PagePool::create(m.kv_page_spec(page_size),
+                                                        PagePoolOptions{1, pages, at::kFloat, at::kCPU, false}));
   device.k_pages().zero_();  // resident before the first copy (see run_engine)
   device.v_pages().zero_();
   TransferEngine transfer;
@@ -169,8 +169,7 @@ int run_bench_reload(int argc, char** argv) {
     ("json", po::bool_switch(&json), "print one JSON object per policy instead of a table");
   // clang-format on
   po::variables_map vm;
-  const std::string example =
-      "Example:\n  vericache bench-reload --context 4000 -b 4 -x 8 --link-gb-s 2 --threads 2\n";
+  const std::string example = "Example:\n  vericache bench-reload --context 4000 -b 4 -x 8 --link-gb-s 2 --threads 2\n";
   if (auto done = parse_command_line("bench-reload", desc, example, argc, argv, &vm,
                                      {{"context", 16, kMaxContextLength},
                                       {"batch", 1, 256},
@@ -187,7 +186,8 @@ int run_bench_reload(int argc, char** argv) {
                                       kPrefillChunkRange}))
     return *done;
   if (draft_length + 2 >= window) {
-    return report_usage_error("bench-reload", "--draft-length + 2 must be below --window (" + std::to_string(window) + ")");
+    return report_usage_error("bench-reload",
+                              "--draft-length + 2 must be below --window (" + std::to_string(window) + ")");
   }
   std::vector<sched::ReloadPolicy> policies;
   for (const std::string& name : split_list(policies_arg)) {
@@ -204,8 +204,10 @@ int run_bench_reload(int argc, char** argv) {
   const int64_t layers = m.config().n_layers;
   auto compressors = load_offline_compressors(compressor_arg, params_args, m);
   if (!compressors.ok()) return report_status("bench-reload", compressors.status());
+  if (compressors->size() != 1) return report_usage_error("bench-reload", "--compressor takes one name");
   Compressor& compressor = *(*compressors)[0];
-  if (Status s = check_contexts_fit(m, {context}, decode_tokens, window); !s.ok()) return report_status("bench-reload", s);
+  if (Status s = check_contexts_fit(m, {context}, decode_tokens, window); !s.ok())
+    return report_status("bench-reload", s);
   auto corpus = bench_corpus(m, text_file, context);
   if (!corpus.ok()) return report_status("bench-reload", corpus.status());
   const std::vector<int32_t> prompt(corpus->begin(), corpus->begin() + context);
@@ -217,7 +219,8 @@ int run_bench_reload(int argc, char** argv) {
   std::vector<float> next_logits;
   std::fprintf(stderr, "[bench-reload] prefill of %lld tokens, %s compress\n", static_cast<long long>(context),
                compressor.name().c_str());
-  if (Status s = prefill_observed(m, *base_pool, base, prompt, prefill_chunk, *compressors, ratio, &next_logits); !s.ok())
+  if (Status s = prefill_observed(m, *base_pool, base, prompt, prefill_chunk, *compressors, ratio, &next_logits);
+      !s.ok())
     return report_error(s);
   CompressedKV compressed;
   if (Status s = compute_kept(m, *base_pool, compressor, ratio, prompt, 0, base, &compressed); !s.ok())
@@ -241,8 +244,8 @@ int run_bench_reload(int argc, char** argv) {
     options.sink = sink;
     const auto need = DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, request);
     VC_ASSIGN_OR_RETURN(PagePool device, PagePool::create(m.kv_page_spec(page_size),
-                                                           PagePoolOptions{batch * need.device, transient_pages,
-                                                                           at::kFloat, at::kCPU, false}));
+                                                          PagePoolOptions{batch * need.device, transient_pages,
+                                                                          at::kFloat, at::kCPU, false}));
     VC_ASSIGN_OR_RETURN(PagePool host, m.make_page_pool(page_size, batch * need.host));
     // Device memory is resident; fresh host memory is not: touch every page now, or the first copy
     // into each page pays its page faults (several times the copy itself) inside the timed run.
@@ -253,7 +256,8 @@ int run_bench_reload(int argc, char** argv) {
     std::vector<EngineResult> results;
     {
       DraftVerifyEngine engine(m, device, host, options);
-      for (int64_t i = 0; i < batch; ++i) VC_RETURN_IF_ERROR(engine.add_prefilled(request, base, *base_pool, next_logits, compressed.kept).status());
+      for (int64_t i = 0; i < batch; ++i)
+        VC_RETURN_IF_ERROR(engine.add_prefilled(request, base, *base_pool, next_logits, compressed.kept).status());
       engine.admit();  // copies the prefill and builds KV_comp: not decode time
       const double start = now_seconds();
       VC_RETURN_IF_ERROR(engine.run());
@@ -303,10 +307,11 @@ int run_bench_reload(int argc, char** argv) {
   cpu.bandwidth = seconds_per_byte > 0 ? 1.0 / seconds_per_byte : kUnresolvedBandwidth;
   cpu.verify_row_s = std::max(0.0, (t_v - t_f) / (B * x));
   cpu.request_s = std::max(0.0, (t_d - (weights + B * comp_bytes) * seconds_per_byte) / B);
-  cpu.alpha = calibration.windows > 0
-                  ? alpha_for_mean_accepted(
-                        static_cast<double>(calibration.accepted) / static_cast<double>(calibration.windows), draft_length)
-                  : 1.0;
+  cpu.alpha =
+      calibration.windows > 0
+          ? alpha_for_mean_accepted(
+                static_cast<double>(calibration.accepted) / static_cast<double>(calibration.windows), draft_length)
+          : 1.0;
   if (seconds_per_byte == 0) {
     std::fprintf(stderr,
                  "[bench-reload] warning: a full-KV step (%.1f ms) was not slower than a draft step (%.1f ms): the "
@@ -319,29 +324,32 @@ int run_bench_reload(int argc, char** argv) {
                cpu.bandwidth / 1e9, 1e3 * cpu.request_s, 1e3 * cpu.verify_row_s, *copy_bandwidth / 1e9, cpu.alpha,
                cpu.draft_ms, cpu.verify_ms, cpu.full_kv_ms);
   if (!profile_out.empty()) {
-    nlohmann::json p{{"name", "cpu-this-machine"},
-                     {"description", "this CPU, calibrated by vericache bench-reload (forward = requests x request + "
-                                     "further verify rows x verify row + bytes / bandwidth); the link is the run's "
-                                     "emulated one"},
-                     {"memory_gb", physical_memory_bytes() / 1e9},
-                     {"memory_bandwidth_gb_s", cpu.bandwidth / 1e9},
-                     {"link_bandwidth_gb_s", link_bandwidth / 1e9},
-                     {"request_us", 1e6 * cpu.request_s},
-                     {"verify_row_us", 1e6 * cpu.verify_row_s},
-                     {"source", "vericache bench-reload --threads " + std::to_string(ThreadPool::global().threads()) +
-                                    " on " + m.path() + ", context " + std::to_string(context) + ", batch " +
-                                    std::to_string(batch)}};
+    nlohmann::json p{
+        {"name", "cpu-this-machine"},
+        {"description",
+         "this CPU, calibrated by vericache bench-reload (forward = requests x request + "
+         "further verify rows x verify row + bytes / bandwidth); the link is the run's "
+         "emulated one"},
+        {"memory_gb", physical_memory_bytes() / 1e9},
+        {"memory_bandwidth_gb_s", cpu.bandwidth / 1e9},
+        {"link_bandwidth_gb_s", link_bandwidth / 1e9},
+        {"request_us", 1e6 * cpu.request_s},
+        {"verify_row_us", 1e6 * cpu.verify_row_s},
+        {"source", "vericache bench-reload --threads " + std::to_string(ThreadPool::global().threads()) + " on " +
+                       m.path() + ", context " + std::to_string(context) + ", batch " + std::to_string(batch)}};
     std::ofstream(profile_out) << p.dump(2) << "\n";
   }
 
   if (!json) {
-    std::printf("| policy | measured tok/s | simulated tok/s | error | stall s (measured / simulated) | link busy "
-                "(measured / simulated) | peak transient MB (measured / simulated) | tokens per verify (measured / "
-                "simulated) | iterations (measured / simulated) | mismatches |\n");
+    std::printf(
+        "| policy | measured tok/s | simulated tok/s | error | stall s (measured / simulated) | link busy "
+        "(measured / simulated) | peak transient MB (measured / simulated) | tokens per verify (measured / "
+        "simulated) | iterations (measured / simulated) | mismatches |\n");
     std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
   for (sched::ReloadPolicy policy : policies) {
-    std::fprintf(stderr, "[bench-reload] %s over an emulated link at %.2f GB/s\n", sched::policy_name(policy), link_gb_s);
+    std::fprintf(stderr, "[bench-reload] %s over an emulated link at %.2f GB/s\n", sched::policy_name(policy),
+                 link_gb_s);
     TransferEngine transfer(TransferOptions{link_gb_s * 1e9});
     sched::ReloadSchedulerOptions so;
     so.policy = policy;
@@ -361,8 +369,7 @@ int run_bench_reload(int argc, char** argv) {
     options.scheduler = &scheduler;
     StepTimes steps;
     PolicyRun run;
-    auto results =
-        run_engine(options, device_copies * copy_pages, &steps, &run.seconds, &run.peak_transient_bytes);
+    auto results = run_engine(options, device_copies * copy_pages, &steps, &run.seconds, &run.peak_transient_bytes);
     if (!results.ok()) return report_error(results.status());
     run.mismatches = count_mismatches(*results, full->tokens);
     total_mismatches += run.mismatches;
@@ -460,19 +467,22 @@ int run_bench_reload(int argc, char** argv) {
                          {"model", m.path()}};
       std::cout << out.dump() << std::endl;
     } else {
-      std::printf("| %s | %.1f | %.1f | %+.1f%% | %.2f / %.2f | %.0f%% / %.0f%% | %.0f / %.0f | %.2f / %.2f | %lld / %lld | %lld |\n",
-                  sched::policy_name(policy), tok_s, p.tok_s, 100 * error, run.stall_seconds, p.stall_seconds,
-                  100 * run.link_busy_seconds / run.seconds, 100 * p.link_busy_fraction, run.peak_transient_bytes / 1e6,
-                  p.peak_streamed_bytes / 1e6, run.mean_acceptance_length, p.mean_acceptance_length,
-                  static_cast<long long>(run.iterations), static_cast<long long>(std::lround(simulated_iterations)),
-                  static_cast<long long>(run.mismatches));
+      std::printf(
+          "| %s | %.1f | %.1f | %+.1f%% | %.2f / %.2f | %.0f%% / %.0f%% | %.0f / %.0f | %.2f / %.2f | %lld / %lld | "
+          "%lld |\n",
+          sched::policy_name(policy), tok_s, p.tok_s, 100 * error, run.stall_seconds, p.stall_seconds,
+          100 * run.link_busy_seconds / run.seconds, 100 * p.link_busy_fraction, run.peak_transient_bytes / 1e6,
+          p.peak_streamed_bytes / 1e6, run.mean_acceptance_length, p.mean_acceptance_length,
+          static_cast<long long>(run.iterations), static_cast<long long>(std::lround(simulated_iterations)),
+          static_cast<long long>(run.mismatches));
       std::fflush(stdout);
     }
   }
   if (!json) {
-    std::printf("\nFull-KV decoding %.1f tok/s; fixed windows of %lld drafts verifying in place %.1f tok/s (same run).\n",
-                full->tok_s(batch), static_cast<long long>(draft_length),
-                B * static_cast<double>(decode_tokens - 1) / calibration_seconds);
+    std::printf(
+        "\nFull-KV decoding %.1f tok/s; fixed windows of %lld drafts verifying in place %.1f tok/s (same run).\n",
+        full->tok_s(batch), static_cast<long long>(draft_length),
+        B * static_cast<double>(decode_tokens - 1) / calibration_seconds);
   }
   base.release(*base_pool);
   if (total_mismatches > 0) {

@@ -35,8 +35,9 @@ struct ResolvedProfiles {
   double link_bandwidth = 0;  // bytes/s
 };
 // NotFound / InvalidArgument from the profile loaders, as they word them.
-Result<ResolvedProfiles> resolve_profiles(const ProfileOptions& options, const boost::program_options::variables_map& vm,
-                                          int64_t context, bool with_hardware);
+Result<ResolvedProfiles> resolve_profiles(const ProfileOptions& options,
+                                          const boost::program_options::variables_map& vm, int64_t context,
+                                          bool with_hardware);
 // A simulation of requests with `context` prompt tokens on that machine: its sizes, bandwidths and
 // costs filled in, the rest (batch, policy, acceptance...) at their defaults.
 sim::SimulationConfig machine_config(const ResolvedProfiles& p, int64_t context);

@@ -72,7 +72,8 @@ Status write_hdf5_table(const std::string& path, const Hdf5Table& table) {
   }
   const std::string tmp = path + ".tmp-" + std::to_string(getpid());
   Status s = write_to(tmp, table);
-  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) s = Status::io_error(path + ": cannot rename the written file over it");
+  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0)
+    s = Status::io_error(path + ": cannot rename the written file over it");
   if (!s.ok()) std::remove(tmp.c_str());
   return s;
 }
@@ -81,7 +82,8 @@ Result<std::vector<double>> read_hdf5_column(const std::string& path, const std:
   silence_hdf5();
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) return Status::io_error(path + ": cannot open as an HDF5 file");
-  if (H5Lexists(file.get(), name.c_str(), H5P_DEFAULT) <= 0) return Status::not_found(path + ": no column '" + name + "'");
+  if (H5Lexists(file.get(), name.c_str(), H5P_DEFAULT) <= 0)
+    return Status::not_found(path + ": no column '" + name + "'");
   Handle set(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
   Handle space(H5Dget_space(set.get()), H5Sclose);
   if (!set.ok() || !space.ok() || H5Sget_simple_extent_ndims(space.get()) != 1) {
