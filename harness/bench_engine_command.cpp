@@ -160,14 +160,7 @@ int run_bench_engine(int argc, char** argv) {
           if (Status s = engine.run(); !s.ok()) return report_error(s);
           const double seconds = now_seconds() - t0;
           const std::vector<EngineResult> results = engine.take_finished();
-          int64_t mismatches = 0;
-          for (const EngineResult& r : results) {
-            const auto& got = r.generation.tokens;
-            const auto& want = full->tokens;
-            for (size_t j = 0; j < std::max(got.size(), want.size()); ++j) {
-              mismatches += (j >= got.size() || j >= want.size() || got[j] != want[j]) ? 1 : 0;
-            }
-          }
+          const int64_t mismatches = count_mismatches(results, full->tokens);
           total_mismatches += mismatches;
           const RequestMetrics& t = engine.totals();
           const double tok_s = static_cast<double>(batch * (decode_tokens - 1)) / seconds;

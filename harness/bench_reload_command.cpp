@@ -114,17 +114,6 @@ struct PolicyRun {
   double mean_acceptance_length = 0;
 };
 
-int64_t count_mismatches(const std::vector<EngineResult>& results, const std::vector<int32_t>& want) {
-  int64_t n = 0;
-  for (const EngineResult& r : results) {
-    const auto& got = r.generation.tokens;
-    for (size_t j = 0; j < std::max(got.size(), want.size()); ++j) {
-      n += (j >= got.size() || j >= want.size() || got[j] != want[j]) ? 1 : 0;
-    }
-  }
-  return n;
-}
-
 }  // namespace
 
 int run_bench_reload(int argc, char** argv) {

@@ -1,5 +1,6 @@
 #include "bench_support.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <numeric>
@@ -120,6 +121,17 @@ void StepTimes::on_step(const StepRecord& s) {
     draft_seconds += s.seconds;
     ++draft_steps;
   }
+}
+
+int64_t count_mismatches(const std::vector<EngineResult>& results, const std::vector<int32_t>& want) {
+  int64_t n = 0;
+  for (const EngineResult& r : results) {
+    const auto& got = r.generation.tokens;
+    for (size_t j = 0; j < std::max(got.size(), want.size()); ++j) {
+      n += (j >= got.size() || j >= want.size() || got[j] != want[j]) ? 1 : 0;
+    }
+  }
+  return n;
 }
 
 double FullKvDecode::step_ms() const {

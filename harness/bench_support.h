@@ -13,6 +13,7 @@
 #include <vericache/compressor.h>
 #include <vericache/status.h>
 
+#include "engine/draft_verify_engine.h"
 #include "engine/engine_stats.h"
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
@@ -74,6 +75,9 @@ struct FullKvDecode {
   double step_ms() const;
   double tok_s(int64_t batch) const;
 };
+// Positions where an engine result's tokens differ from `want` (a missing token counts), summed.
+int64_t count_mismatches(const std::vector<EngineResult>& results, const std::vector<int32_t>& want);
+
 Result<FullKvDecode> decode_full_kv(const LlamaModel& model, const SequenceKv& base, const PagePool& base_pool,
                                     std::span<const float> next_logits, int64_t batch, int64_t decode_tokens,
                                     int64_t page_size);

@@ -128,11 +128,7 @@ int run_sweep(int argc, char** argv) {
               c.draft_length = x;
               c.window = window;
               c.seed = static_cast<uint64_t>(seed);
-              // What the compressed caches take at their largest; the rest of the budget streams.
-              const double compressed = static_cast<double>(std::min(batch, requests)) *
-                                        (ratio * static_cast<double>(context) + static_cast<double>(output_tokens + x)) *
-                                        c.kv_bytes_per_token;
-              c.streamed_capacity_bytes = std::max(1.0, fraction * (c.memory_bytes - c.weight_bytes) - compressed);
+              c.kv_fraction = fraction;
               const double in_row[] = {rho, c.link_bandwidth / 1e9, fraction, static_cast<double>(x), ratio,
                                        static_cast<double>(batch), static_cast<double>(policy)};
               for (size_t k = 0; k < std::size(in_row); ++k) table.columns[k].push_back(in_row[k]);

@@ -32,6 +32,7 @@ Status check(const SimulationConfig& c) {
     return bad("context, output tokens, batch and requests must be at least 1");
   }
   if (!(c.ratio > 0 && c.ratio <= 1) || !(c.alpha >= 0 && c.alpha <= 1)) return bad("c must be in (0, 1], alpha in [0, 1]");
+  if (!(c.kv_fraction > 0 && c.kv_fraction <= 1)) return bad("the KV fraction must be in (0, 1]");
   if (c.draft_length < 1 || c.draft_length + 1 >= c.window) return bad("need 1 <= x and x + 1 < W");
   return Status();
 }
@@ -61,7 +62,8 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
   const double compressed_bytes =
       static_cast<double>(batch) * (c.ratio * static_cast<double>(c.context) + static_cast<double>(c.output_tokens + c.draft_length)) * b;
   const double streamed_room =
-      c.streamed_capacity_bytes > 0 ? c.streamed_capacity_bytes : c.memory_bytes - c.weight_bytes - compressed_bytes;
+      c.streamed_capacity_bytes > 0 ? c.streamed_capacity_bytes
+                                    : c.kv_fraction * (c.memory_bytes - c.weight_bytes) - compressed_bytes;
   if (streamed_room < static_cast<double>(c.context + c.output_tokens) * b) {
     return Status::invalid_argument("simulate: device memory (" + std::to_string(c.memory_bytes / 1e9) +
                                     " GB) cannot hold the weights, every compressed cache and one full cache");

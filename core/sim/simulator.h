@@ -38,9 +38,10 @@ struct SimulationConfig {
   double forward_overhead_s = 0;  // fixed seconds per forward
   double request_s = 0;           // seconds per request in a forward (its first row)
   double verify_row_s = 0;        // seconds per further row of a verify (one per draft)
-  // Device memory for streamed full caches; 0: what memory_bytes leaves after the weights and
-  // every compressed cache.
+  // Device memory for streamed full caches; 0: kv_fraction of what memory_bytes leaves after the
+  // weights, less every compressed cache (grown to its last token).
   double streamed_capacity_bytes = 0;
+  double kv_fraction = 1;  // (0, 1]
   int64_t context = 0;            // prompt tokens per request
   int64_t output_tokens = 256;    // tokens each request generates
   int64_t batch = 1;              // requests decoding at once
