@@ -125,10 +125,11 @@ int run_bench_engine(int argc, char** argv) {
       // Full-KV baseline: B copies of the prefill, one token per request per step.
       std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: full-KV baseline\n",
                    static_cast<long long>(context), static_cast<long long>(batch));
-      auto full = decode_full_kv(m, base, *base_pool, next_logits, batch, decode_tokens, page_size);
+      const std::vector<PrefilledPrompt> copies(batch, PrefilledPrompt{&base, next_logits});
+      auto full = decode_full_kv(m, copies, *base_pool, decode_tokens, page_size);
       if (!full.ok()) return report_error(full.status());
       const double baseline_step_ms = full->step_ms();
-      const double baseline_tok_s = full->tok_s(batch);
+      const double baseline_tok_s = full->tok_s();
 
       for (size_t c = 0; c < compressors->size(); ++c) {
         for (int64_t x : drafts) {

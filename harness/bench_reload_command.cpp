@@ -1,14 +1,15 @@
 // vericache bench-reload: the reload-policy ablation, measured on this machine and predicted by
 // the simulator for the same configuration.
 //
-// B requests decode copies of one prefilled, compressed prompt. Each verify reads KV_full from a
+// B requests decode B different prompts (consecutive stretches of the corpus), each prefilled and
+// compressed once before the runs. Each verify reads KV_full from a
 // copy in transient pages that crosses an *emulated link*: the TransferEngine paced to --link-gb-s
 // (this CPU has no link between host and device memory; the pacing plays its role). The reload
 // scheduler places the copies and verifies under each policy; every run is checked token for token
 // against full-KV decoding.
 //
 // The simulator's CPU profile and acceptance model come from a calibration in the same run, before
-// the policies and independent of them: full-KV decoding of the B copies (t_f per step) and the
+// the policies and independent of them: full-KV decoding of the B prompts (t_f per step) and the
 // engine without a scheduler or copies (t_d per draft step, t_v per verify step; all B requests in
 // the same windows of x drafts). With M the weights read per forward, F a full cache and C a
 // compressed one, a forward of B requests takes t = B * t_req + (further verify rows) * t_row +
@@ -16,8 +17,8 @@
 //   draft (M + B*C) -> t_d,  full-KV (M + B*F) -> t_f,  verify (B*x further rows, M + B*F) -> t_v
 // give BW, t_row and t_req. (A verify row beyond the first costs what a decode row does not: its
 // attention over the whole full cache, where a decode row's is paid by reading the cache once.)
-// Acceptance: each draft accepted with probability alpha until the first rejection, alpha chosen so
-// that the model's mean accepted drafts of x equal the calibration windows' mean.
+// Acceptance: each draft accepted with probability alpha_i until the first rejection, alpha_i chosen
+// so that the model's mean accepted drafts of x equal request i's calibration windows' mean.
 #include <ATen/ATen.h>
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include <unistd.h>
@@ -45,16 +47,20 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 namespace {
 
-// Accepted drafts of the windows that drafted all x, for the acceptance fit.
+// Accepted drafts of the windows that drafted all x, per request, for the acceptance fit.
 class WindowCounts : public StepTimes {
  public:
   explicit WindowCounts(int64_t x) : x_(x) {}
   void on_window(const WindowRecord& w) override {
     if (w.drafted != x_) return;  // the last windows of a request draft fewer
-    accepted += w.accepted;
-    ++windows;
+    Count& c = per_request[w.request_id];
+    c.accepted += w.accepted;
+    ++c.windows;
   }
-  int64_t accepted = 0, windows = 0;
+  struct Count {
+    int64_t accepted = 0, windows = 0;
+  };
+  std::map<int64_t, Count> per_request;
 
  private:
   int64_t x_;
@@ -75,12 +81,14 @@ double alpha_for_mean_accepted(double mean_accepted, int64_t x) {
 constexpr double kUnresolvedBandwidth = 1e18;
 
 struct CpuProfile {
-  double bandwidth = 0, request_s = 0, verify_row_s = 0, alpha = 0;
+  double bandwidth = 0, request_s = 0, verify_row_s = 0;
+  std::vector<double> alphas;  // per request
   double draft_ms = 0, verify_ms = 0, full_kv_ms = 0;
 };
 
 // Bytes/s this machine copies a full cache into transient pages with nothing pacing it (the median
-// of three copies of `kv`): the fastest an emulated link can be here.
+// of five copies of `kv`, after one that warms the pages and the worker): the fastest an emulated
+// link can be here.
 Result<double> measure_copy_bandwidth(const LlamaModel& m, const SequenceKv& kv, const PagePool& kv_pool,
                                       int64_t page_size) {
   const int64_t pages = kv.n_layers() * kv_pool.spec().pages_for(kv.length(0) + 1);
@@ -90,18 +98,18 @@ Result<double> measure_copy_bandwidth(const LlamaModel& m, const SequenceKv& kv,
   device.v_pages().zero_();
   TransferEngine transfer;
   std::vector<double> rates;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 6; ++i) {
     SequenceKv copy(kv.n_layers(), PageKind::kTransient);
     const double start = now_seconds();
     VC_ASSIGN_OR_RETURN(const uint64_t ticket, transfer.submit(kv, kv_pool, &copy, device, 1));
     transfer.wait(ticket);
     const double seconds = now_seconds() - start;
     VC_RETURN_IF_ERROR(transfer.status());
-    rates.push_back(static_cast<double>(kv.pages_held() * kv_pool.page_bytes()) / seconds);
+    if (i > 0) rates.push_back(static_cast<double>(kv.pages_held() * kv_pool.page_bytes()) / seconds);
     copy.release(device);
   }
   std::sort(rates.begin(), rates.end());
-  return rates[1];
+  return rates[rates.size() / 2];
 }
 
 double physical_memory_bytes() {
@@ -128,13 +136,13 @@ int run_bench_reload(int argc, char** argv) {
       "vericache bench-reload: lockstep vs staggered vs no-overlap reloads of KV_full, measured on this\n"
       "machine with the engine (verification from copies over an EMULATED link: a paced copy engine\n"
       "standing in for PCIe) and predicted by the simulator on a CPU profile calibrated in the same run.\n"
-      "B requests decode copies of one prefilled, compressed prompt; every run is checked token for token\n"
-      "against full-KV decoding.\n\nOptions");
+      "B requests decode B different prompts (consecutive stretches of --text-file, each prefilled and\n"
+      "compressed once); every run is checked token for token against full-KV decoding.\n\nOptions");
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompt is cut from")
+    ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from (needs batch x context tokens)")
     ("context", po::value(&context)->default_value(4000), "prompt tokens")
     ("batch,b", po::value(&batch)->default_value(4), "requests decoding at once")
     ("compressor", po::value(&compressor_arg)->default_value("snapkv"), "offline compressor")
@@ -186,7 +194,7 @@ int run_bench_reload(int argc, char** argv) {
   }
   if (device_copies == 0) device_copies = batch;
   if (threads == 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
-  set_threads(threads);
+  set_threads(0);  // every core for the prefills; --threads for the timed decoding
   auto loaded = load_model(model_arg);
   if (!loaded.ok()) return report_error(loaded.status());
   const LlamaModel& m = **loaded;
@@ -197,33 +205,41 @@ int run_bench_reload(int argc, char** argv) {
   Compressor& compressor = *(*compressors)[0];
   if (Status s = check_contexts_fit(m, {context}, decode_tokens, window); !s.ok())
     return report_status("bench-reload", s);
-  auto corpus = bench_corpus(m, text_file, context);
+  auto corpus = bench_corpus(m, text_file, batch * context);
   if (!corpus.ok()) return report_status("bench-reload", corpus.status());
-  const std::vector<int32_t> prompt(corpus->begin(), corpus->begin() + context);
 
-  // One prefill and one compression, shared by every run.
-  auto base_pool = m.make_page_pool(page_size, layers * (context / page_size + 2));
+  // Request i's prompt: corpus tokens [i * context, (i + 1) * context), prefilled and compressed
+  // once, shared by every run.
+  auto base_pool = m.make_page_pool(page_size, batch * layers * (context / page_size + 2));
   if (!base_pool.ok()) return report_error(base_pool.status());
-  SequenceKv base(layers);
-  std::vector<float> next_logits;
-  std::fprintf(stderr, "[bench-reload] prefill of %lld tokens, %s compress\n", static_cast<long long>(context),
-               compressor.name().c_str());
-  if (Status s = prefill_observed(m, *base_pool, base, prompt, prefill_chunk, *compressors, ratio, &next_logits);
-      !s.ok())
-    return report_error(s);
-  CompressedKV compressed;
-  if (Status s = compute_kept(m, *base_pool, compressor, ratio, prompt, 0, base, &compressed); !s.ok())
-    return report_error(s);
-  compressor.release(0);
-
-  GenerationRequest request;
-  request.prompt = prompt;
-  request.max_new_tokens = decode_tokens;
-  request.ignore_eos = true;
+  std::vector<SequenceKv> bases(batch, SequenceKv(layers));
+  std::vector<std::vector<float>> next_logits(batch);
+  std::vector<CompressedKV> compressed(batch);
+  std::vector<GenerationRequest> requests(batch);
+  for (int64_t i = 0; i < batch; ++i) {
+    std::fprintf(stderr, "[bench-reload] prompt %lld of %lld: prefill of %lld tokens, %s compress\n",
+                 static_cast<long long>(i + 1), static_cast<long long>(batch), static_cast<long long>(context),
+                 compressor.name().c_str());
+    GenerationRequest& request = requests[i];
+    request.prompt.assign(corpus->begin() + i * context, corpus->begin() + (i + 1) * context);
+    request.max_new_tokens = decode_tokens;
+    request.ignore_eos = true;
+    if (Status s = prefill_observed(m, *base_pool, bases[i], request.prompt, prefill_chunk, *compressors, ratio,
+                                    &next_logits[i]);
+        !s.ok())
+      return report_error(s);
+    if (Status s = compute_kept(m, *base_pool, compressor, ratio, request.prompt, 0, bases[i], &compressed[i]);
+        !s.ok())
+      return report_error(s);
+    compressor.release(0);
+  }
+  set_threads(threads);
+  std::vector<PrefilledPrompt> prefilled;
+  for (int64_t i = 0; i < batch; ++i) prefilled.push_back({&bases[i], next_logits[i]});
   auto probe = m.make_page_pool(page_size, 1);  // one page, for its size
   if (!probe.ok()) return report_error(probe.status());
   const int64_t page_bytes = probe->page_bytes();
-  // Runs the engine on B copies (options.transfer and options.scheduler may be null); `seconds`
+  // Runs the engine on the B prompts (options.transfer and options.scheduler may be null); `seconds`
   // gets the decode time, `peak_transient_bytes` the most transient memory in use at once.
   auto run_engine = [&](EngineOptions options, int64_t transient_pages, StatsSink* sink, double* seconds,
                         double* peak_transient_bytes) -> Result<std::vector<EngineResult>> {
@@ -231,7 +247,7 @@ int run_bench_reload(int argc, char** argv) {
     options.ratio = ratio;
     options.draft_length = draft_length;
     options.sink = sink;
-    const auto need = DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, request);
+    const auto need = DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, requests[0]);
     VC_ASSIGN_OR_RETURN(PagePool device, PagePool::create(m.kv_page_spec(page_size),
                                                           PagePoolOptions{batch * need.device, transient_pages,
                                                                           at::kFloat, at::kCPU, false}));
@@ -245,8 +261,10 @@ int run_bench_reload(int argc, char** argv) {
     std::vector<EngineResult> results;
     {
       DraftVerifyEngine engine(m, device, host, options);
-      for (int64_t i = 0; i < batch; ++i)
-        VC_RETURN_IF_ERROR(engine.add_prefilled(request, base, *base_pool, next_logits, compressed.kept).status());
+      for (int64_t i = 0; i < batch; ++i) {
+        VC_RETURN_IF_ERROR(
+            engine.add_prefilled(requests[i], bases[i], *base_pool, next_logits[i], compressed[i].kept).status());
+      }
       engine.admit();  // copies the prefill and builds KV_comp: not decode time
       const double start = now_seconds();
       VC_RETURN_IF_ERROR(engine.run());
@@ -260,9 +278,9 @@ int run_bench_reload(int argc, char** argv) {
   // Calibration: full-KV decoding and the engine with fixed windows, verifying in place.
   std::fprintf(stderr, "[bench-reload] calibration: full-KV decoding and fixed windows of %lld drafts\n",
                static_cast<long long>(draft_length));
-  auto full = decode_full_kv(m, base, *base_pool, next_logits, batch, decode_tokens, page_size);
+  auto full = decode_full_kv(m, prefilled, *base_pool, decode_tokens, page_size);
   if (!full.ok()) return report_error(full.status());
-  auto copy_bandwidth = measure_copy_bandwidth(m, base, *base_pool, page_size);
+  auto copy_bandwidth = measure_copy_bandwidth(m, bases[0], *base_pool, page_size);
   if (!copy_bandwidth.ok()) return report_error(copy_bandwidth.status());
   // The link the engine gets: the emulated one, unless this machine cannot copy that fast.
   const double link_bandwidth = std::min(link_gb_s * 1e9, *copy_bandwidth);
@@ -280,8 +298,11 @@ int run_bench_reload(int argc, char** argv) {
 
   const double b = static_cast<double>(layers * page_bytes) / static_cast<double>(page_size);
   const double weights = static_cast<double>(m.decode_weight_bytes());
-  int64_t kept_slots = 0;
-  for (const auto& k : compressed.kept) kept_slots += k.size(1);
+  int64_t kept_slots = 0;  // mean over the prompts
+  for (const CompressedKV& c : compressed) {
+    for (const auto& k : c.kept) kept_slots += k.size(1);
+  }
+  kept_slots /= batch;
   const double full_bytes = static_cast<double>(context) * b;
   const double comp_bytes = static_cast<double>(kept_slots) / static_cast<double>(layers) * b;
   const double B = static_cast<double>(batch), x = static_cast<double>(draft_length);
@@ -296,11 +317,15 @@ int run_bench_reload(int argc, char** argv) {
   cpu.bandwidth = seconds_per_byte > 0 ? 1.0 / seconds_per_byte : kUnresolvedBandwidth;
   cpu.verify_row_s = std::max(0.0, (t_v - t_f) / (B * x));
   cpu.request_s = std::max(0.0, (t_d - (weights + B * comp_bytes) * seconds_per_byte) / B);
-  cpu.alpha =
-      calibration.windows > 0
-          ? alpha_for_mean_accepted(
-                static_cast<double>(calibration.accepted) / static_cast<double>(calibration.windows), draft_length)
-          : 1.0;
+  for (int64_t i = 0; i < batch; ++i) {
+    const WindowCounts::Count& n = calibration.per_request[i];
+    cpu.alphas.push_back(n.windows > 0 ? alpha_for_mean_accepted(static_cast<double>(n.accepted) /
+                                                                     static_cast<double>(n.windows),
+                                                                 draft_length)
+                                       : 1.0);
+  }
+  double mean_alpha = 0;
+  for (double a : cpu.alphas) mean_alpha += a / B;
   if (seconds_per_byte == 0) {
     std::fprintf(stderr,
                  "[bench-reload] warning: a full-KV step (%.1f ms) was not slower than a draft step (%.1f ms): the "
@@ -309,8 +334,8 @@ int run_bench_reload(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "[bench-reload] CPU profile: %.2f GB/s, %.2f ms per request, %.2f ms per further verify row, copies at "
-               "%.2f GB/s; alpha %.3f (draft %.1f ms, verify %.1f ms, full-KV %.1f ms per step)\n",
-               cpu.bandwidth / 1e9, 1e3 * cpu.request_s, 1e3 * cpu.verify_row_s, *copy_bandwidth / 1e9, cpu.alpha,
+               "%.2f GB/s; mean alpha %.3f (draft %.1f ms, verify %.1f ms, full-KV %.1f ms per step)\n",
+               cpu.bandwidth / 1e9, 1e3 * cpu.request_s, 1e3 * cpu.verify_row_s, *copy_bandwidth / 1e9, mean_alpha,
                cpu.draft_ms, cpu.verify_ms, cpu.full_kv_ms);
   if (!profile_out.empty()) {
     nlohmann::json p{
@@ -352,7 +377,7 @@ int run_bench_reload(int argc, char** argv) {
     options.scheduler = &sizing;
     options.draft_length = draft_length;
     const int64_t copy_pages =
-        DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, request).transient;
+        DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, requests[0]).transient;
     so.memory_capacity_bytes = static_cast<double>(device_copies * copy_pages * page_bytes);
     sched::ReloadScheduler scheduler(so);
     options.scheduler = &scheduler;
@@ -387,7 +412,8 @@ int run_bench_reload(int argc, char** argv) {
     c.batch = batch;
     c.requests = batch;
     c.ratio = comp_bytes / full_bytes;
-    c.alpha = cpu.alpha;
+    c.alpha = mean_alpha;
+    c.request_alphas = cpu.alphas;
     c.policy = policy;
     c.draft_length = draft_length;
     c.window = window;
@@ -443,14 +469,15 @@ int run_bench_reload(int argc, char** argv) {
                          {"simulated_iterations", simulated_iterations},
                          {"simulations", simulations},
                          {"mismatches", run.mismatches},
-                         {"full_kv_tok_s", full->tok_s(batch)},
+                         {"full_kv_tok_s", full->tok_s()},
                          {"fixed_window_tok_s", B * static_cast<double>(decode_tokens - 1) / calibration_seconds},
                          {"cpu_bandwidth_gb_s", cpu.bandwidth / 1e9},
                          {"copy_bandwidth_gb_s", *copy_bandwidth / 1e9},
                          {"link_bandwidth_gb_s", link_bandwidth / 1e9},
                          {"cpu_request_ms", 1e3 * cpu.request_s},
                          {"cpu_verify_row_ms", 1e3 * cpu.verify_row_s},
-                         {"alpha", cpu.alpha},
+                         {"alpha", mean_alpha},
+                         {"request_alphas", cpu.alphas},
                          {"kv_full_bytes", full_bytes},
                          {"threads", ThreadPool::global().threads()},
                          {"model", m.path()}};
@@ -470,10 +497,10 @@ int run_bench_reload(int argc, char** argv) {
   if (!json) {
     std::printf(
         "\nFull-KV decoding %.1f tok/s; fixed windows of %lld drafts verifying in place %.1f tok/s (same run).\n",
-        full->tok_s(batch), static_cast<long long>(draft_length),
+        full->tok_s(), static_cast<long long>(draft_length),
         B * static_cast<double>(decode_tokens - 1) / calibration_seconds);
   }
-  base.release(*base_pool);
+  for (SequenceKv& kv : bases) kv.release(*base_pool);
   if (total_mismatches > 0) {
     return report_error(Status::internal(std::to_string(total_mismatches) + " tokens differ from full-KV decoding"));
   }

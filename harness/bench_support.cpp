@@ -59,13 +59,13 @@ Status check_contexts_fit(const LlamaModel& model, const std::vector<int64_t>& c
   return Status();
 }
 
-Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_file, int64_t longest_context) {
+Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_file, int64_t tokens_needed) {
   VC_ASSIGN_OR_RETURN(MappedFile file, MappedFile::open(text_file));
   const std::string text(reinterpret_cast<const char*>(file.data()), file.size());
   std::vector<int32_t> corpus = model.tokenizer().encode(text, false);
-  if (static_cast<int64_t>(corpus.size()) < longest_context) {
-    return Status::invalid_argument(text_file + " has " + std::to_string(corpus.size()) +
-                                    " tokens, fewer than the context " + std::to_string(longest_context));
+  if (static_cast<int64_t>(corpus.size()) < tokens_needed) {
+    return Status::invalid_argument(text_file + " has " + std::to_string(corpus.size()) + " tokens, fewer than the " +
+                                    std::to_string(tokens_needed) + " the prompts need");
   }
   return corpus;
 }
@@ -123,39 +123,48 @@ void StepTimes::on_step(const StepRecord& s) {
   }
 }
 
-int64_t count_mismatches(const std::vector<EngineResult>& results, const std::vector<int32_t>& want) {
+int64_t count_mismatches(const std::vector<EngineResult>& results, const std::vector<std::vector<int32_t>>& want) {
   int64_t n = 0;
   for (const EngineResult& r : results) {
     const auto& got = r.generation.tokens;
-    for (size_t j = 0; j < std::max(got.size(), want.size()); ++j) {
-      n += (j >= got.size() || j >= want.size() || got[j] != want[j]) ? 1 : 0;
+    const auto& expected = want.at(static_cast<size_t>(r.request_id));
+    for (size_t j = 0; j < std::max(got.size(), expected.size()); ++j) {
+      n += (j >= got.size() || j >= expected.size() || got[j] != expected[j]) ? 1 : 0;
     }
   }
   return n;
 }
 
 double FullKvDecode::step_ms() const {
-  return tokens.size() > 1 ? 1e3 * seconds / static_cast<double>(tokens.size() - 1) : 0.0;
+  return !tokens.empty() && tokens[0].size() > 1 ? 1e3 * seconds / static_cast<double>(tokens[0].size() - 1) : 0.0;
 }
 
-double FullKvDecode::tok_s(int64_t batch) const {
-  return seconds > 0 ? static_cast<double>(batch) * static_cast<double>(tokens.size() - 1) / seconds : 0.0;
+double FullKvDecode::tok_s() const {
+  return seconds > 0 && !tokens.empty()
+             ? static_cast<double>(tokens.size()) * static_cast<double>(tokens[0].size() - 1) / seconds
+             : 0.0;
 }
 
-Result<FullKvDecode> decode_full_kv(const LlamaModel& model, const SequenceKv& base, const PagePool& base_pool,
-                                    std::span<const float> next_logits, int64_t batch, int64_t decode_tokens,
-                                    int64_t page_size) {
-  const int64_t layers = model.config().n_layers, vocab = model.config().vocab_size, context = base.length(0);
-  VC_ASSIGN_OR_RETURN(PagePool pool,
-                      model.make_page_pool(page_size, batch * layers * ((context + decode_tokens) / page_size + 2)));
+Result<FullKvDecode> decode_full_kv(const LlamaModel& model, std::span<const PrefilledPrompt> prompts,
+                                    const PagePool& base_pool, int64_t decode_tokens, int64_t page_size) {
+  const int64_t layers = model.config().n_layers, vocab = model.config().vocab_size;
+  const int64_t batch = static_cast<int64_t>(prompts.size());
+  int64_t pages = 0;
+  for (const PrefilledPrompt& p : prompts) pages += layers * ((p.kv->length(0) + decode_tokens) / page_size + 2);
+  VC_ASSIGN_OR_RETURN(PagePool pool, model.make_page_pool(page_size, pages));
   std::vector<SequenceKv> caches(batch, SequenceKv(layers));
-  for (SequenceKv& kv : caches) VC_RETURN_IF_ERROR(kv.append_range(pool, base, base_pool, 0, context));
-  std::vector<std::vector<int32_t>> tokens(batch, {argmax(next_logits.data(), vocab)});
+  std::vector<std::vector<int32_t>> tokens(batch);
+  for (int64_t i = 0; i < batch; ++i) {
+    const PrefilledPrompt& p = prompts[i];
+    VC_RETURN_IF_ERROR(caches[i].append_range(pool, *p.kv, base_pool, 0, p.kv->length(0)));
+    tokens[i].push_back(argmax(p.next_logits.data(), vocab));
+  }
   const double start = now_seconds();
   for (int64_t step = 1; step < decode_tokens; ++step) {
     std::vector<ForwardItem> items;
-    std::vector<std::vector<int32_t>> positions(batch, {static_cast<int32_t>(context + step - 1)});
+    std::vector<std::vector<int32_t>> positions(batch);
     for (int64_t i = 0; i < batch; ++i) {
+      positions[i] = {static_cast<int32_t>(prompts[i].kv->length(0) + step - 1)};
       items.push_back({std::span(tokens[i]).last(1), positions[i], &caches[i], &pool, LogitRows::kLast, i});
     }
     at::Tensor logits;
@@ -164,10 +173,13 @@ Result<FullKvDecode> decode_full_kv(const LlamaModel& model, const SequenceKv& b
   }
   FullKvDecode out;
   out.seconds = now_seconds() - start;
-  for (int64_t i = 1; i < batch; ++i) {
-    if (tokens[i] != tokens[0]) return Status::internal("full-KV decoding of identical requests differs across the batch");
+  for (int64_t i = 0; i < batch; ++i) {
+    for (int64_t j = 0; j < i; ++j) {
+      if (prompts[i].kv == prompts[j].kv && tokens[i] != tokens[j])
+        return Status::internal("full-KV decoding of identical requests differs across the batch");
+    }
   }
-  out.tokens = std::move(tokens[0]);
+  out.tokens = std::move(tokens);
   for (SequenceKv& kv : caches) kv.release(pool);
   return out;
 }

@@ -38,8 +38,9 @@ Status check_contexts_fit(const LlamaModel& model, const std::vector<int64_t>& c
                           int64_t window);
 
 // The token ids of `text_file` (no chat template, no BOS); the prompt of context C is its first C
-// tokens. InvalidArgument when the file holds fewer than `longest_context` tokens.
-Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_file, int64_t longest_context);
+// tokens. InvalidArgument "<file> has N tokens, fewer than the K the prompts need" when the file
+// holds fewer than `tokens_needed` tokens.
+Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_file, int64_t tokens_needed);
 
 // The prompt of context `context` cut from `corpus`: its first `context` tokens when `question` is
 // empty; otherwise a chat-template user message "<question>\n\n<text>" whose text is the opening of
@@ -66,20 +67,28 @@ class StepTimes : public StatsSink {
   double verify_ms() const { return verify_steps ? 1e3 * verify_seconds / static_cast<double>(verify_steps) : 0.0; }
 };
 
-// Full-KV greedy decoding of `batch` copies of a prefilled prompt (`base` in `base_pool`, the
-// logits after it in `next_logits`), one token per request per forward, `decode_tokens` tokens each
-// (the first from `next_logits`). The copies are identical, so one token list serves all.
+// One prefilled prompt: its cache (pages of a base pool shared by all prompts) and the logits
+// after it (vocab_size floats). Borrowed.
+struct PrefilledPrompt {
+  const SequenceKv* kv = nullptr;
+  std::span<const float> next_logits;
+};
+
+// Full-KV greedy decoding of the prefilled `prompts` (all in `base_pool`) as one batch, one token
+// per request per forward, `decode_tokens` tokens each (the first from its `next_logits`).
+// tokens[i] is prompt i's output. Prompts that share a cache must decode identically (a batch-
+// invariance check): Internal otherwise.
 struct FullKvDecode {
-  std::vector<int32_t> tokens;
+  std::vector<std::vector<int32_t>> tokens;
   double seconds = 0;  // the decode forwards (decode_tokens - 1 of them)
   double step_ms() const;
-  double tok_s(int64_t batch) const;
+  double tok_s() const;  // every request's tokens after the first, per second
 };
-// Positions where an engine result's tokens differ from `want` (a missing token counts), summed.
-int64_t count_mismatches(const std::vector<EngineResult>& results, const std::vector<int32_t>& want);
+Result<FullKvDecode> decode_full_kv(const LlamaModel& model, std::span<const PrefilledPrompt> prompts,
+                                    const PagePool& base_pool, int64_t decode_tokens, int64_t page_size);
 
-Result<FullKvDecode> decode_full_kv(const LlamaModel& model, const SequenceKv& base, const PagePool& base_pool,
-                                    std::span<const float> next_logits, int64_t batch, int64_t decode_tokens,
-                                    int64_t page_size);
+// Positions where an engine result's tokens differ from want[request_id] (a missing token counts),
+// summed over the results. The engine numbers its requests 0, 1, ... in the order they were added.
+int64_t count_mismatches(const std::vector<EngineResult>& results, const std::vector<std::vector<int32_t>>& want);
 
 }  // namespace vericache::cli

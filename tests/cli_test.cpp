@@ -111,8 +111,16 @@ TEST(Cli, BenchReloadMeasuresAndSimulatesEachPolicy) {
     EXPECT_GT(out["simulated_tok_s"].get<double>(), 0);
     EXPECT_GT(out["measured_tokens_per_verify"].get<double>(), 1.0);
     EXPECT_GT(out["measured_peak_transient_bytes"].get<double>(), 0);
+    ASSERT_EQ(out["request_alphas"].size(), 2u);  // two prompts, each with its own acceptance
+    for (double a : out["request_alphas"]) EXPECT_TRUE(a > 0 && a <= 1) << a;
   }
   EXPECT_EQ(policies, (std::vector<std::string>{"staggered", "lockstep"}));
+  // The prompts are consecutive stretches of the text: B x context tokens of it.
+  const std::string text = testing::temp_dir() + "/short.txt";
+  std::ofstream(text) << "Too short for two prompts of 2000 tokens.\n";
+  r = run_vericache("bench-reload --context 2000 -b 2 --text-file " + text);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find(text + " has 14 tokens, fewer than the 4000 the prompts need"), std::string::npos) << r.err;
   r = run_vericache("bench-reload --policies eager");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err.rfind("vericache bench-reload: --policies: unknown reload policy 'eager' (staggered, lockstep or "

@@ -52,7 +52,7 @@ TEST(Simulator, StaggeredMatchesEquation3WithTheCycleEta) {
   EXPECT_EQ(r->stall_seconds, 0.0);
   EXPECT_NEAR(r->tok_s / e.tok_s_cycle, 1.0, 0.05);
   // The README's figures (the simulation is seeded: these are exact to the printed digit).
-  EXPECT_NEAR(r->tok_s, 96.5, 0.05);
+  EXPECT_NEAR(r->tok_s, 96.7, 0.05);
   EXPECT_NEAR(e.tok_s_cycle, 98.5, 0.05);
   EXPECT_NEAR(e.tok_s_paper, 265.7, 0.05);
   EXPECT_LT(r->tok_s, 0.6 * e.tok_s_paper);
@@ -101,8 +101,8 @@ TEST(Simulator, StaggeredBeatsLockstepWhenTheLinkIsTheBottleneck) {
   EXPECT_GT(lockstep.peak_memory_bytes, 99 * kGB);  // M + every KV_comp + every KV_full
   EXPECT_FALSE(lockstep.fits_memory);
   EXPECT_GT(staggered.tok_s, 1.3 * lockstep.tok_s);
-  EXPECT_NEAR(staggered.tok_s, 135.1, 0.05);  // the README's figures
-  EXPECT_NEAR(lockstep.tok_s, 92.6, 0.05);
+  EXPECT_NEAR(staggered.tok_s, 136.5, 0.05);  // the README's figures
+  EXPECT_NEAR(lockstep.tok_s, 88.5, 0.05);
   EXPECT_GT(staggered.tok_s, no_overlap.tok_s);
   EXPECT_EQ(staggered.tokens, 3000);
   EXPECT_EQ(lockstep.tokens, 3000);

@@ -317,7 +317,8 @@ void DraftVerifyEngine::schedule(Request& r) {
   if (options_.scheduler == nullptr || r.done) return;
   // What the copy takes: transient pages for KV_full and the window (start_transfer's reservation).
   const int64_t pages = r.full.n_layers() * device_pool_.spec().pages_for(r.committed + window_for(r) + 1);
-  const Status s = options_.scheduler->admit(r.id, static_cast<double>(pages * device_pool_.page_bytes()));
+  const Status s =
+      options_.scheduler->admit(r.id, static_cast<double>(pages * device_pool_.page_bytes()), window_for(r));
   if (!s.ok() && scheduler_status_.ok()) scheduler_status_ = s;
 }
 

@@ -34,7 +34,7 @@ int64_t ReloadScheduler::span_iterations(double bytes) const {
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(iterations)));
 }
 
-Status ReloadScheduler::admit(int64_t request, double kv_full_bytes) {
+Status ReloadScheduler::admit(int64_t request, double kv_full_bytes, int64_t drafts_left) {
   const int64_t span = span_iterations(kv_full_bytes), w = options_.window, cycle = options_.draft_length + 1;
   if (span + 1 > w - 1) {
     return Status::invalid_argument("a reload of " + std::to_string(kv_full_bytes / 1e9) + " GB takes " +
@@ -46,11 +46,12 @@ Status ReloadScheduler::admit(int64_t request, double kv_full_bytes) {
                                     std::to_string(span) + " iterations needs a window of at least " +
                                     std::to_string(cycle + span + 1));
   }
-  if (!place(request, kv_full_bytes)) waiting_.push_back({request, kv_full_bytes});
+  const int64_t own_cycle = drafts_left >= 0 ? std::min(cycle, drafts_left + 1) : cycle;
+  if (!place(request, kv_full_bytes, own_cycle)) waiting_.push_back({request, kv_full_bytes, own_cycle});
   return Status();
 }
 
-bool ReloadScheduler::place(int64_t request, double bytes) {
+bool ReloadScheduler::place(int64_t request, double bytes, int64_t own_cycle) {
   const int64_t span = span_iterations(bytes), w = options_.window, cycle = options_.draft_length + 1;
   const double seconds = bytes / options_.link_bandwidth;
   // Offsets from now; the reload carried by the link over the `span` iterations before the verify.
@@ -60,7 +61,7 @@ bool ReloadScheduler::place(int64_t request, double bytes) {
     case ReloadPolicy::kStaggered: {
       // Candidates anchor, anchor - 1, anchor + 1, anchor - 2, ...: draft lengths near x, the
       // shorter first on a tie (fewer drafts wasted on a rejection).
-      const int64_t lowest = span + 1, anchor = std::clamp(cycle, lowest, w - 1);
+      const int64_t lowest = span + 1, anchor = std::clamp(own_cycle, lowest, w - 1);
       std::vector<int64_t> candidates{anchor};
       for (int64_t k = 1; anchor - k >= lowest || anchor + k <= w - 1; ++k) {
         if (anchor - k >= lowest) candidates.push_back(anchor - k);
@@ -79,7 +80,7 @@ bool ReloadScheduler::place(int64_t request, double bytes) {
       break;
     }
     case ReloadPolicy::kNoOverlap:
-      reload = ReloadRings::Span{cycle, cycle, cycle};
+      reload = ReloadRings::Span{own_cycle, own_cycle, own_cycle};
       break;
   }
   rings_.reserve(reload, seconds, bytes);
@@ -89,7 +90,7 @@ bool ReloadScheduler::place(int64_t request, double bytes) {
 
 ReloadScheduler::Events ReloadScheduler::events_now() {
   // First come, first placed: the first that still does not fit stops the retries.
-  while (!waiting_.empty() && place(waiting_.front().request, waiting_.front().bytes)) waiting_.pop_front();
+  while (!waiting_.empty() && place(waiting_.front().request, waiting_.front().bytes, waiting_.front().cycle)) waiting_.pop_front();
   Events events;
   for (const ReloadPlan& p : plans_) {
     if (p.reload_start == now_) events.reloads_starting.push_back(p);

@@ -10,15 +10,16 @@
 //
 //   staggered   Admit(r): a reload takes S_r = max(1, ceil(bytes / (BW * T_iter))) iterations;
 //               candidates d = anchor, anchor - 1, anchor + 1, anchor - 2, ... within
-//               [S_r + 1, W - 1] (offsets from now), anchor = clamp(x + 1, S_r + 1, W - 1); the
+//               [S_r + 1, W - 1] (offsets from now), anchor = clamp(x' + 1, S_r + 1, W - 1); the
 //               first whose reload fits both rings is reserved and r verifies at d: link over
 //               [d - S_r, d - 1] (the verify forward needs the whole cache when it starts, where the
 //               paper's span [d - S_r + 1, d] lets the last part arrive during it), memory over
 //               [d - S_r, d]. Nothing fits: r waits, and is retried every iteration in arrival order.
+//               x' = min(x, drafts r has left): a request near its last token verifies sooner.
 //   lockstep    every request verifies at the next iteration that is a multiple of x + 1 (at least
 //               S_r + 1 ahead), its reload in the S_r iterations before; the rings are overbooked,
 //               not checked: the serialized link and the memory peak are what lockstep costs.
-//   no-overlap  r verifies x + 1 iterations after admission and its reload starts only then (the
+//   no-overlap  r verifies x' + 1 iterations after admission and its reload starts only then (the
 //               whole transfer lands in the verify iteration: a stall).
 //
 // Thread-safety: none; one owner calls admit / events_now / advance in turn.
@@ -66,8 +67,9 @@ class ReloadScheduler {
   // Plans request `request`'s next reload and verify (after its prefill, and after each verify;
   // the earliest reload starts in the next iteration). InvalidArgument when its reload and verify
   // cannot fit in the window (S_r + 1 > W - 1), or for lockstep the verify would fall outside it.
-  // A request not placed yet waits.
-  Status admit(int64_t request, double kv_full_bytes);
+  // A request not placed yet waits. `drafts_left`: the most drafts the request can still make
+  // before this verify (one short of its last token); a negative value means no limit.
+  Status admit(int64_t request, double kv_full_bytes, int64_t drafts_left = -1);
   // Iterations a reload of `bytes` spans (S_r).
   int64_t span_iterations(double bytes) const;
 
@@ -94,11 +96,12 @@ class ReloadScheduler {
 
  private:
   // Places a request (policy by policy); false when staggered finds no span that fits.
-  bool place(int64_t request, double bytes);
+  bool place(int64_t request, double bytes, int64_t cycle);
 
   struct Waiting {
     int64_t request;
     double bytes;
+    int64_t cycle;  // x' + 1
   };
   ReloadSchedulerOptions options_;
   ReloadRings rings_;

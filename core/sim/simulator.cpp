@@ -32,6 +32,9 @@ Status check(const SimulationConfig& c) {
     return bad("context, output tokens, batch and requests must be at least 1");
   }
   if (!(c.ratio > 0 && c.ratio <= 1) || !(c.alpha >= 0 && c.alpha <= 1)) return bad("c must be in (0, 1], alpha in [0, 1]");
+  for (double a : c.request_alphas) {
+    if (!(a >= 0 && a <= 1)) return bad("every request's alpha must be in [0, 1]");
+  }
   if (!(c.kv_fraction > 0 && c.kv_fraction <= 1)) return bad("the KV fraction must be in (0, 1]");
   if (c.draft_length < 1 || c.draft_length + 1 >= c.window) return bad("need 1 <= x and x + 1 < W");
   return Status();
@@ -45,6 +48,9 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
   const int64_t batch = std::min(c.batch, c.requests);
   auto kv_full = [&](const Request& r) { return static_cast<double>(c.context + r.generated) * b; };
   auto kv_comp = [&](const Request& r) { return (c.ratio * static_cast<double>(c.context) + static_cast<double>(r.generated + r.drafts)) * b; };
+  // The engine's window_for: drafts stop at W - 2 and one short of the request's last token.
+  auto drafts_left = [&](const Request& r) { return std::min(c.window - 2, c.output_tokens - r.generated - 1); };
+  auto may_draft = [&](const Request& r) { return r.drafts < drafts_left(r); };
 
   // The rings' iteration length: Eq. 3's T_gpu at the starting context, what an iteration takes
   // when nothing stalls (the link's share of it is what the link ring offers); their memory: what
@@ -81,10 +87,13 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
   int64_t started = 0;
   for (; started < batch; ++started) {
     active[started] = Request{};
-    VC_RETURN_IF_ERROR(scheduler.admit(started, static_cast<double>(c.context) * b));
+    VC_RETURN_IF_ERROR(scheduler.admit(started, static_cast<double>(c.context) * b, drafts_left(Request{})));
   }
   std::mt19937_64 rng(c.seed);
-  std::bernoulli_distribution accept(c.alpha);
+  auto accept = [&](int64_t id) {
+    const double a = c.request_alphas.empty() ? c.alpha : c.request_alphas[id % c.request_alphas.size()];
+    return std::bernoulli_distribution(a)(rng);
+  };
 
   SimulationResult out;
   double now = 0, link_free = 0, link_busy_total = 0;
@@ -115,14 +124,17 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
       r.verifying = true;
       forward_start = std::max(forward_start, r.reload_done_s);
     }
+    std::vector<int64_t> drafting;
     for (auto& [id, r] : active) {
-      bytes_read += r.verifying ? kv_full(r) : kv_comp(r);
+      if (!r.verifying && may_draft(r)) drafting.push_back(id);
+      bytes_read += r.verifying ? kv_full(r) : may_draft(r) ? kv_comp(r) : 0.0;
       verify_rows += r.verifying ? r.drafts : 0;
       streamed += r.reloading ? kv_full(r) : 0.0;
       memory += kv_comp(r);
     }
     memory += streamed;
-    const double forward_s = c.forward_overhead_s + static_cast<double>(active.size()) * c.request_s +
+    const double in_forward = static_cast<double>(verifying.size() + drafting.size());
+    const double forward_s = c.forward_overhead_s + in_forward * c.request_s +
                              static_cast<double>(verify_rows) * c.verify_row_s + bytes_read / c.hbm_bandwidth;
     const double end = forward_start + forward_s;
     scheduler.observe_iteration(forward_s);
@@ -135,13 +147,11 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
     while (!link_jobs.empty() && link_jobs.front().end <= now) link_jobs.pop_front();
     for (const Interval& j : link_jobs) rec.link_busy_s += std::max(0.0, std::min(j.end, end) - std::max(j.start, now));
 
-    for (auto& [id, r] : active) {
-      if (!r.verifying) ++r.drafts;
-    }
+    for (int64_t id : drafting) ++active.at(id).drafts;
     for (int64_t id : verifying) {
       Request& r = active.at(id);
       int64_t accepted = 0;
-      while (accepted < r.drafts && accept(rng)) ++accepted;
+      while (accepted < r.drafts && accept(id)) ++accepted;
       const int64_t tokens = std::min(accepted + 1, c.output_tokens - r.generated);
       drafts_verified += r.drafts;
       r.generated += tokens;
@@ -154,11 +164,11 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
         active.erase(id);
         if (started < c.requests) {
           active[started] = Request{};
-          VC_RETURN_IF_ERROR(scheduler.admit(started, static_cast<double>(c.context) * b));
+          VC_RETURN_IF_ERROR(scheduler.admit(started, static_cast<double>(c.context) * b, drafts_left(Request{})));
           ++started;
         }
       } else {
-        VC_RETURN_IF_ERROR(scheduler.admit(id, kv_full(r)));
+        VC_RETURN_IF_ERROR(scheduler.admit(id, kv_full(r), drafts_left(r)));
       }
     }
     out.tokens += rec.tokens;

@@ -12,8 +12,11 @@
 //   link           serial: a reload starts when the scheduler says and when the link is free, and
 //                  takes KV_full / BW_inter; a verify waits for its reload (the wait is a stall)
 //   memory         M + every KV_comp + the full caches reloading or resident until their verify
-//   acceptance     each drafted token is accepted with probability alpha, independently, up to the
-//                  first rejection; a verify yields the accepted drafts plus one token
+//   acceptance     each drafted token is accepted with probability alpha (or the request's own
+//                  from request_alphas), independently, up to the first rejection; a verify yields
+//                  the accepted drafts plus one token
+//   drafting       as the engine: a request drafts at most W - 2 tokens and one fewer than it has
+//                  left to output; then it waits for its verify outside the forward
 // Requests start with `context` prompt tokens already prefilled (prefill is not simulated) and
 // leave after `output_tokens` tokens; a new one takes the slot until `requests` have started.
 //
@@ -48,6 +51,9 @@ struct SimulationConfig {
   int64_t requests = 1;           // requests in all
   double ratio = 0.2;             // c
   double alpha = 0.9;             // per-token acceptance probability
+  // When non-empty, request i (numbered in start order) accepts with request_alphas[i % size]
+  // instead of alpha: prompts that differ in how well the compressed cache drafts them.
+  std::vector<double> request_alphas;
   sched::ReloadPolicy policy = sched::ReloadPolicy::kStaggered;
   int64_t draft_length = 16;      // x
   int64_t window = 64;            // W

@@ -36,7 +36,7 @@ def main():
     ap.add_argument("--configs", action="append", help="bench-reload options of one configuration (repeatable)")
     ap.add_argument("--context", type=int, default=8000)
     ap.add_argument("--draft-length", type=int, default=8)
-    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="threads for the forwards (the other core copies)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "reload_ablation_cpu.md"))
     ap.add_argument("--table-only", action="store_true", help="rewrite the .md from the .json beside it")
@@ -76,8 +76,9 @@ def main():
              f"{''.join(' --configs ' + repr(c) for c in args.configs or [])}`, which ran:", ""]
     lines += [f"- `{c}`" for c in commands]
     lines += ["",
-              f"SmolLM2-135M (Q4_1), a {args.context}-token prompt of the corpus prefilled once and compressed once "
-              f"(SnapKV, c = 0.1); B copies decode {args.decode_tokens} greedy tokens each (EOS ignored), x = "
+              f"SmolLM2-135M (Q4_1); B requests, request i's prompt the corpus's tokens [i x {args.context}, "
+              f"(i + 1) x {args.context}), each prefilled once and compressed once (SnapKV, c = 0.1); each request "
+              f"decodes {args.decode_tokens} greedy tokens (EOS ignored), x = "
               f"{args.draft_length}, W = 48, {args.threads} thread(s) for the forwards and the other core for the "
               "copy thread. Each verify reads KV_full from a copy in transient pages that crossed an **emulated "
               "link** (the transfer engine's worker copies page by page and sleeps so the bytes pass at the given "
@@ -87,8 +88,9 @@ def main():
               "'run' column), and the simulator is told so. Measured = the engine; simulated = `vericache simulate`'s simulator on the CPU "
               "profile and acceptance the same run calibrated first (full-KV decoding and fixed windows verifying "
               "in place: forward = requests x per-request cost + further verify rows x per-row cost + bytes / "
-              "bandwidth; each draft accepted with "
-              "probability alpha until the first rejection, alpha matching the calibration's mean accepted drafts), "
+              "bandwidth; request i's drafts accepted with "
+              "probability alpha_i until the first rejection, alpha_i matching request i's mean accepted drafts in the "
+              "calibration; the drafts per verify as the engine's: at most W - 2 and one fewer than the tokens left), "
               "the mean of 100 acceptance seeds. Error = simulated / "
               "measured - 1.",
               "",
@@ -107,7 +109,7 @@ def main():
             f"{r['measured_drafts_per_verify']:.1f} / {r['simulated_drafts_per_verify']:.1f} | {r['mismatches']} |")
     lines += ["", "Per configuration, the same run's peers and calibration:", "",
               "| link GB/s (asked / run) | B | full-KV decoding tok/s | fixed windows, verify in place, tok/s | CPU bandwidth GB/s | "
-              "ms per request | ms per further verify row | copy GB/s | alpha |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "ms per request | ms per further verify row | copy GB/s | alpha per request |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     seen = set()
     for r in rows:
         if r["command"] in seen:
@@ -116,7 +118,7 @@ def main():
         link = r["link"].replace("emulated link at ", "").replace(" GB/s", "")
         lines.append(f"| {link} / {r['link_bandwidth_gb_s']:.2f} | {r['batch']} | {r['full_kv_tok_s']:.1f} | {r['fixed_window_tok_s']:.1f} | "
                      f"{r['cpu_bandwidth_gb_s']:.1f} | {r['cpu_request_ms']:.2f} | {r['cpu_verify_row_ms']:.2f} | "
-                     f"{r['copy_bandwidth_gb_s']:.1f} | {r['alpha']:.3f} |")
+                     f"{r['copy_bandwidth_gb_s']:.1f} | {' '.join(f'{a:.3f}' for a in r['request_alphas'])} |")
     if not args.table_only:
         write_atomically(json_out, json.dumps({"commit": commit, "dirty": dirty, "commands": commands,
                                                "configs": args.configs, "rows": rows}, indent=1) + "\n")
