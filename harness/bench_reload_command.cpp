@@ -9,14 +9,18 @@
 // against full-KV decoding.
 //
 // The simulator's CPU profile and acceptance model come from a calibration in the same run, before
-// the policies and independent of them: full-KV decoding of the B prompts (t_f per step) and the
-// engine without a scheduler or copies (t_d per draft step, t_v per verify step; all B requests in
-// the same windows of x drafts). With M the weights read per forward, F a full cache and C a
-// compressed one, a forward of B requests takes t = B * t_req + (further verify rows) * t_row +
-// bytes / BW, and
-//   draft (M + B*C) -> t_d,  full-KV (M + B*F) -> t_f,  verify (B*x further rows, M + B*F) -> t_v
-// give BW, t_row and t_req. (A verify row beyond the first costs what a decode row does not: its
-// attention over the whole full cache, where a decode row's is paid by reading the cache once.)
+// the policies and independent of them: full-KV decoding of the B prompts and the engine without a
+// scheduler or copies (windows of x drafts, verifying in place). With M the weights read per
+// forward, F a full cache and C a compressed one, a forward of n requests (d drafting, v verifying)
+// and r rows takes
+//   t = n * t_req + (r - n) * t_row + (M + d*C + v*F) / BW
+// and t_req, t_row and 1/BW are the non-negative least-squares fit, in relative error, over every
+// calibration forward and the full-KV steps (their mean, weighted by their count): a draft forward
+// of 30 ms counts as much as a verify forward of 300 ms. The requests' windows drift apart
+// (each verify yields a different number of tokens), so forwards carry anything from one verify to
+// B, which is what pins t_row down. (A verify row beyond the first costs what a decode row does
+// not: its attention over the whole full cache, where a decode row's is paid by reading the cache
+// once.)
 // Acceptance: each draft accepted with probability alpha_i until the first rejection, alpha_i chosen
 // so that the model's mean accepted drafts of x equal request i's calibration windows' mean.
 #include <ATen/ATen.h>
@@ -24,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -40,7 +45,9 @@
 #include "engine/draft_verify_engine.h"
 #include "sim/simulator.h"
 #include "sim/throughput_model.h"
+#include "util/output_file.h"
 #include "util/thread_pool.h"
+#include "window_trace.h"
 
 namespace po = boost::program_options;
 
@@ -52,6 +59,7 @@ class WindowCounts : public StepTimes {
  public:
   explicit WindowCounts(int64_t x) : x_(x) {}
   void on_window(const WindowRecord& w) override {
+    all.push_back(w);
     if (w.drafted != x_) return;  // the last windows of a request draft fewer
     Count& c = per_request[w.request_id];
     c.accepted += w.accepted;
@@ -61,6 +69,12 @@ class WindowCounts : public StepTimes {
     int64_t accepted = 0, windows = 0;
   };
   std::map<int64_t, Count> per_request;
+  std::vector<WindowRecord> all;  // every window, for --windows-out
+  void on_step(const StepRecord& s) override {
+    StepTimes::on_step(s);
+    if (s.prefill_items == 0) steps.push_back(s);
+  }
+  std::vector<StepRecord> steps;  // every decode forward, for the cost fit
 
  private:
   int64_t x_;
@@ -77,40 +91,154 @@ double alpha_for_mean_accepted(double mean_accepted, int64_t x) {
   return 0.5 * (lo + hi);
 }
 
+// One forward for the cost fit: t = requests * t_req + further_rows * t_row + bytes * (1 / BW).
+struct ForwardSample {
+  double requests = 0, further_rows = 0, bytes = 0, seconds = 0, weight = 1;
+};
+struct ForwardCosts {
+  double request_s = 0, row_s = 0, seconds_per_byte = 0;
+};
+
+// The weighted least-squares fit with every cost >= 0: the best of the fits over each subset of
+// the three terms whose solution has no negative cost (the empty fit, all zero, is the fallback).
+// Each sample's weight is its `weight` / seconds^2: the fit minimises relative errors.
+ForwardCosts fit_forward_costs(const std::vector<ForwardSample>& samples) {
+  auto term = [](const ForwardSample& s, int k) { return k == 0 ? s.requests : k == 1 ? s.further_rows : s.bytes; };
+  auto weight = [](const ForwardSample& s) { return s.seconds > 0 ? s.weight / (s.seconds * s.seconds) : 0.0; };
+  ForwardCosts best;
+  double best_residual = 0;
+  for (const ForwardSample& s : samples) best_residual += weight(s) * s.seconds * s.seconds;
+  for (int mask = 1; mask < 8; ++mask) {
+    std::vector<int> used;
+    for (int k = 0; k < 3; ++k) {
+      if (mask & (1 << k)) used.push_back(k);
+    }
+    const size_t n = used.size();
+    // Normal equations A c = y, solved by Gaussian elimination with partial pivoting.
+    std::vector<std::vector<double>> a(n, std::vector<double>(n + 1, 0.0));
+    for (const ForwardSample& s : samples) {
+      for (size_t i = 0; i < n; ++i) {
+        for (size_t j = 0; j < n; ++j) a[i][j] += weight(s) * term(s, used[i]) * term(s, used[j]);
+        a[i][n] += weight(s) * term(s, used[i]) * s.seconds;
+      }
+    }
+    bool singular = false;
+    for (size_t col = 0; col < n && !singular; ++col) {
+      size_t pivot = col;
+      for (size_t row = col + 1; row < n; ++row) {
+        if (std::abs(a[row][col]) > std::abs(a[pivot][col])) pivot = row;
+      }
+      std::swap(a[col], a[pivot]);
+      if (std::abs(a[col][col]) < 1e-30) singular = true;
+      for (size_t row = 0; row < n && !singular; ++row) {
+        if (row == col) continue;
+        const double f = a[row][col] / a[col][col];
+        for (size_t k = col; k <= n; ++k) a[row][k] -= f * a[col][k];
+      }
+    }
+    if (singular) continue;
+    double c[3] = {0, 0, 0};
+    bool negative = false;
+    for (size_t i = 0; i < n; ++i) {
+      c[used[i]] = a[i][n] / a[i][i];
+      negative = negative || c[used[i]] < 0;
+    }
+    if (negative) continue;
+    double residual = 0;
+    for (const ForwardSample& s : samples) {
+      const double e = s.seconds - (c[0] * s.requests + c[1] * s.further_rows + c[2] * s.bytes);
+      residual += weight(s) * e * e;
+    }
+    if (residual < best_residual) {
+      best_residual = residual;
+      best = ForwardCosts{c[0], c[1], c[2]};
+    }
+  }
+  return best;
+}
+
 // Stands for "reading the cache costs nothing measurable" (bytes / this is below a nanosecond).
 constexpr double kUnresolvedBandwidth = 1e18;
 
 struct CpuProfile {
   double bandwidth = 0, request_s = 0, verify_row_s = 0;
+  double copy_slowdown = 0;  // extra forward seconds per second of copying beside it
   std::vector<double> alphas;  // per request
   double draft_ms = 0, verify_ms = 0, full_kv_ms = 0;
 };
 
+// Copies of one full cache into transient pages of a pool of its own, with nothing pacing them.
+class CopyBench {
+ public:
+  static Result<std::unique_ptr<CopyBench>> create(const LlamaModel& m, const SequenceKv& kv, const PagePool& kv_pool,
+                                                   int64_t page_size) {
+    const int64_t pages = kv.n_layers() * kv_pool.spec().pages_for(kv.length(0) + 1);
+    VC_ASSIGN_OR_RETURN(PagePool device, PagePool::create(m.kv_page_spec(page_size),
+                                                          PagePoolOptions{1, pages, at::kFloat, at::kCPU, false}));
+    device.k_pages().zero_();  // resident before the first copy (see run_engine)
+    device.v_pages().zero_();
+    return std::unique_ptr<CopyBench>(new CopyBench(kv, kv_pool, std::move(device)));
+  }
+  // Copies the cache once; its bytes per second.
+  Result<double> copy_once() {
+    SequenceKv copy(kv_.n_layers(), PageKind::kTransient);
+    const double start = now_seconds();
+    VC_ASSIGN_OR_RETURN(const uint64_t ticket, transfer_.submit(kv_, kv_pool_, &copy, device_, 1));
+    transfer_.wait(ticket);
+    const double seconds = now_seconds() - start;
+    VC_RETURN_IF_ERROR(transfer_.status());
+    copy.release(device_);
+    return static_cast<double>(kv_.pages_held() * kv_pool_.page_bytes()) / seconds;
+  }
+
+ private:
+  CopyBench(const SequenceKv& kv, const PagePool& kv_pool, PagePool device)
+      : kv_(kv), kv_pool_(kv_pool), device_(std::move(device)) {}
+  const SequenceKv& kv_;
+  const PagePool& kv_pool_;
+  PagePool device_;
+  TransferEngine transfer_;
+};
+
 // Bytes/s this machine copies a full cache into transient pages with nothing pacing it (the median
-// of five copies of `kv`, after one that warms the pages and the worker): the fastest an emulated
-// link can be here.
-Result<double> measure_copy_bandwidth(const LlamaModel& m, const SequenceKv& kv, const PagePool& kv_pool,
-                                      int64_t page_size) {
-  const int64_t pages = kv.n_layers() * kv_pool.spec().pages_for(kv.length(0) + 1);
-  VC_ASSIGN_OR_RETURN(PagePool device, PagePool::create(m.kv_page_spec(page_size),
-                                                        PagePoolOptions{1, pages, at::kFloat, at::kCPU, false}));
-  device.k_pages().zero_();  // resident before the first copy (see run_engine)
-  device.v_pages().zero_();
-  TransferEngine transfer;
+// of five copies, after one that warms the pages and the worker): the fastest an emulated link can
+// be here.
+Result<double> measure_copy_bandwidth(CopyBench& bench) {
   std::vector<double> rates;
   for (int i = 0; i < 6; ++i) {
-    SequenceKv copy(kv.n_layers(), PageKind::kTransient);
-    const double start = now_seconds();
-    VC_ASSIGN_OR_RETURN(const uint64_t ticket, transfer.submit(kv, kv_pool, &copy, device, 1));
-    transfer.wait(ticket);
-    const double seconds = now_seconds() - start;
-    VC_RETURN_IF_ERROR(transfer.status());
-    if (i > 0) rates.push_back(static_cast<double>(kv.pages_held() * kv_pool.page_bytes()) / seconds);
-    copy.release(device);
+    VC_ASSIGN_OR_RETURN(const double rate, bench.copy_once());
+    if (i > 0) rates.push_back(rate);
   }
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2];
 }
+
+// Keeps `bench` copying, back to back, on the transfer engine's thread until destroyed: the memory
+// traffic of a copy that never rests, beside the forwards (the contention calibration).
+class CopyLoad {
+ public:
+  explicit CopyLoad(CopyBench& bench) : thread_([this, &bench] {
+      while (!stop_.load()) {
+        auto r = bench.copy_once();
+        if (!r.ok()) {
+          status_ = r.status();
+          return;
+        }
+      }
+    }) {}
+  // Stops after the copy in flight; the first copy error, if any.
+  Status stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+  ~CopyLoad() { static_cast<void>(stop()); }
+
+ private:
+  std::atomic<bool> stop_{false};
+  Status status_;
+  std::thread thread_;
+};
 
 double physical_memory_bytes() {
   return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
@@ -125,7 +253,7 @@ struct PolicyRun {
 }  // namespace
 
 int run_bench_reload(int argc, char** argv) {
-  std::string model_arg, text_file, compressor_arg, policies_arg, profile_out;
+  std::string model_arg, text_file, compressor_arg, policies_arg, profile_out, windows_out;
   std::vector<std::string> params_args;
   int64_t context = 0, batch = 0, draft_length = 0, window = 0, decode_tokens = 0, page_size = 16, prefill_chunk = 512;
   int64_t device_copies = 0, seed = 1, simulations = 0;
@@ -163,6 +291,9 @@ int run_bench_reload(int argc, char** argv) {
     ("page-size", po::value(&page_size)->default_value(16), "KV page size in tokens (a multiple of 16)")
     ("prefill-chunk", po::value(&prefill_chunk)->default_value(512), "prompt tokens per prefill forward")
     ("profile-out", po::value(&profile_out), "write the calibrated CPU hardware profile (JSON) to this file")
+    ("windows-out", po::value(&windows_out),
+     "write the calibration's verify windows (request, drafted, accepted) to this HDF5 file, for "
+     "`vericache simulate --acceptance-trace`")
     ("json", po::bool_switch(&json), "print one JSON object per policy instead of a table");
   // clang-format on
   po::variables_map vm;
@@ -280,7 +411,9 @@ int run_bench_reload(int argc, char** argv) {
                static_cast<long long>(draft_length));
   auto full = decode_full_kv(m, prefilled, *base_pool, decode_tokens, page_size);
   if (!full.ok()) return report_error(full.status());
-  auto copy_bandwidth = measure_copy_bandwidth(m, bases[0], *base_pool, page_size);
+  auto copy_bench = CopyBench::create(m, bases[0], *base_pool, page_size);
+  if (!copy_bench.ok()) return report_error(copy_bench.status());
+  auto copy_bandwidth = measure_copy_bandwidth(**copy_bench);
   if (!copy_bandwidth.ok()) return report_error(copy_bandwidth.status());
   // The link the engine gets: the emulated one, unless this machine cannot copy that fast.
   const double link_bandwidth = std::min(link_gb_s * 1e9, *copy_bandwidth);
@@ -295,6 +428,17 @@ int run_bench_reload(int argc, char** argv) {
   auto calibrated = run_engine(EngineOptions{}, 0, &calibration, &calibration_seconds, &unused);
   if (!calibrated.ok()) return report_error(calibrated.status());
   int64_t total_mismatches = count_mismatches(*calibrated, full->tokens);
+  // Contention: the same calibration again with a copy running beside it the whole time.
+  WindowCounts beside_copy(draft_length);
+  {
+    double loaded_seconds = 0;
+    CopyLoad load(**copy_bench);
+    auto again = run_engine(EngineOptions{}, 0, &beside_copy, &loaded_seconds, &unused);
+    const Status copies = load.stop();
+    if (!again.ok()) return report_error(again.status());
+    if (!copies.ok()) return report_error(copies);
+    total_mismatches += count_mismatches(*again, full->tokens);
+  }
 
   const double b = static_cast<double>(layers * page_bytes) / static_cast<double>(page_size);
   const double weights = static_cast<double>(m.decode_weight_bytes());
@@ -305,18 +449,39 @@ int run_bench_reload(int argc, char** argv) {
   kept_slots /= batch;
   const double full_bytes = static_cast<double>(context) * b;
   const double comp_bytes = static_cast<double>(kept_slots) / static_cast<double>(layers) * b;
-  const double B = static_cast<double>(batch), x = static_cast<double>(draft_length);
+  const double B = static_cast<double>(batch);
   CpuProfile cpu;
   cpu.draft_ms = calibration.draft_ms();
   cpu.verify_ms = calibration.verify_ms();
   cpu.full_kv_ms = full->step_ms();
-  const double t_d = cpu.draft_ms / 1e3, t_v = cpu.verify_ms / 1e3, t_f = cpu.full_kv_ms / 1e3;
-  // A full-KV step no slower than a draft step (short contexts, noise) leaves the bytes term
-  // unresolved: the forward is then modelled by its requests and verify rows alone.
-  const double seconds_per_byte = std::max(0.0, (t_f - t_d) / (B * (full_bytes - comp_bytes)));
+  const double t_d = cpu.draft_ms / 1e3;
+  std::vector<ForwardSample> samples;
+  for (const StepRecord& s : calibration.steps) {
+    const double n = static_cast<double>(s.draft_items + s.verify_items);
+    samples.push_back({n, static_cast<double>(s.rows) - n,
+                       weights + static_cast<double>(s.draft_items) * comp_bytes +
+                           static_cast<double>(s.verify_items) * full_bytes,
+                       s.seconds, 1.0});
+  }
+  samples.push_back({B, 0, weights + B * full_bytes, cpu.full_kv_ms / 1e3, static_cast<double>(decode_tokens - 1)});
+  const ForwardCosts costs = fit_forward_costs(samples);
+  int64_t verify_forwards = 0, verify_items = 0;
+  for (const StepRecord& st : calibration.steps) {
+    verify_forwards += st.verify_items > 0 ? 1 : 0;
+    verify_items += st.verify_items;
+  }
+  std::fprintf(stderr, "[bench-reload] calibration: %zu forwards, %lld with verifies (%.2f verifying in each)\n",
+               calibration.steps.size(), static_cast<long long>(verify_forwards),
+               verify_forwards ? static_cast<double>(verify_items) / static_cast<double>(verify_forwards) : 0.0);
+  // A bytes term fitted to zero (short contexts, noise) leaves the bandwidth unresolved: the
+  // forward is then modelled by its requests and rows alone.
+  const double seconds_per_byte = costs.seconds_per_byte;
   cpu.bandwidth = seconds_per_byte > 0 ? 1.0 / seconds_per_byte : kUnresolvedBandwidth;
-  cpu.verify_row_s = std::max(0.0, (t_v - t_f) / (B * x));
-  cpu.request_s = std::max(0.0, (t_d - (weights + B * comp_bytes) * seconds_per_byte) / B);
+  cpu.verify_row_s = costs.row_s;
+  cpu.request_s = costs.request_s;
+  cpu.copy_slowdown = std::max(0.0, (beside_copy.draft_seconds + beside_copy.verify_seconds) /
+                                        (calibration.draft_seconds + calibration.verify_seconds) -
+                                    1);
   for (int64_t i = 0; i < batch; ++i) {
     const WindowCounts::Count& n = calibration.per_request[i];
     cpu.alphas.push_back(n.windows > 0 ? alpha_for_mean_accepted(static_cast<double>(n.accepted) /
@@ -328,15 +493,21 @@ int run_bench_reload(int argc, char** argv) {
   for (double a : cpu.alphas) mean_alpha += a / B;
   if (seconds_per_byte == 0) {
     std::fprintf(stderr,
-                 "[bench-reload] warning: a full-KV step (%.1f ms) was not slower than a draft step (%.1f ms): the "
-                 "bandwidth term is unresolved (a longer --context resolves it)\n",
+                 "[bench-reload] warning: the fit gives the bytes read no cost (full-KV step %.1f ms, draft step %.1f "
+                 "ms): the bandwidth term is unresolved (a longer --context resolves it)\n",
                  cpu.full_kv_ms, cpu.draft_ms);
   }
   std::fprintf(stderr,
                "[bench-reload] CPU profile: %.2f GB/s, %.2f ms per request, %.2f ms per further verify row, copies at "
-               "%.2f GB/s; mean alpha %.3f (draft %.1f ms, verify %.1f ms, full-KV %.1f ms per step)\n",
-               cpu.bandwidth / 1e9, 1e3 * cpu.request_s, 1e3 * cpu.verify_row_s, *copy_bandwidth / 1e9, mean_alpha,
+               "%.2f GB/s, forwards %.0f%% slower beside a copy; mean alpha %.3f (draft %.1f ms, verify %.1f ms, "
+               "full-KV %.1f ms per step)\n",
+               cpu.bandwidth / 1e9, 1e3 * cpu.request_s, 1e3 * cpu.verify_row_s, *copy_bandwidth / 1e9,
+               100 * cpu.copy_slowdown, mean_alpha,
                cpu.draft_ms, cpu.verify_ms, cpu.full_kv_ms);
+  if (!windows_out.empty()) {
+    if (Status s = write_window_trace(windows_out, calibration.all, command_line(argc, argv)); !s.ok())
+      return report_error(s);
+  }
   if (!profile_out.empty()) {
     nlohmann::json p{
         {"name", "cpu-this-machine"},
@@ -405,6 +576,8 @@ int run_bench_reload(int argc, char** argv) {
     c.link_bandwidth = link_bandwidth;
     c.request_s = cpu.request_s;
     c.verify_row_s = cpu.verify_row_s;
+    c.copy_slowdown = cpu.copy_slowdown;
+    c.copy_bandwidth = *copy_bandwidth;
     c.streamed_capacity_bytes = so.memory_capacity_bytes;
     c.memory_bytes = physical_memory_bytes();
     c.context = context;
@@ -476,6 +649,7 @@ int run_bench_reload(int argc, char** argv) {
                          {"link_bandwidth_gb_s", link_bandwidth / 1e9},
                          {"cpu_request_ms", 1e3 * cpu.request_s},
                          {"cpu_verify_row_ms", 1e3 * cpu.verify_row_s},
+                         {"copy_slowdown", cpu.copy_slowdown},
                          {"alpha", mean_alpha},
                          {"request_alphas", cpu.alphas},
                          {"kv_full_bytes", full_bytes},

@@ -178,6 +178,12 @@ std::string check_parsed(const boost::program_options::parsed_options& parsed,
 
 }  // namespace
 
+std::string command_line(int argc, char** argv) {
+  std::string command = "vericache";
+  for (int i = 0; i < argc; ++i) command += std::string(" ") + argv[i];
+  return command;
+}
+
 std::optional<int> parse_command_line(const std::string& command, const boost::program_options::options_description& desc,
                                       const std::string& examples, int argc, char** argv,
                                       boost::program_options::variables_map* vm, const std::vector<OptionRange>& ranges) {

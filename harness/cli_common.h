@@ -84,6 +84,9 @@ inline constexpr OptionRange kPageSizeRange{"page-size", 16, 4096, false, 16};
 inline constexpr OptionRange kPrefillChunkRange{"prefill-chunk", 1, 1 << 20};
 inline constexpr OptionRange kRatioRange{"ratio", 0, 1, true};
 
+// "vericache <argv[0]> <argv[1]> ...": how a subcommand was run, for a file's provenance.
+std::string command_line(int argc, char** argv);
+
 // Parses a subcommand's command line into `vm` and applies the checks every subcommand shares:
 // no positional arguments (an unquoted prompt "-p hello world" would lose "world"), no empty
 // string values (--model "", --stop ""), and every option of `ranges` that was given or defaulted

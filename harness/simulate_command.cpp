@@ -12,6 +12,8 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "profile_options.h"
+#include "window_trace.h"
+#include "sim/acceptance_model.h"
 #include "sim/simulator.h"
 #include "sim/throughput_model.h"
 
@@ -20,7 +22,7 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 
 int run_simulate(int argc, char** argv) {
-  std::string policy_arg;
+  std::string policy_arg, trace_path;
   ProfileOptions profiles;
   int64_t context = 0, batch = 0, requests = 0, output_tokens = 0, draft_length = 0, window = 0;
   int64_t seed = 0;
@@ -29,8 +31,9 @@ int run_simulate(int argc, char** argv) {
   po::options_description desc(
       "vericache simulate: long-context decoding under the reload scheduler, simulated on a hardware\n"
       "profile (iteration time from bytes / memory bandwidth, a serial link for full-cache reloads, each\n"
-      "drafted token accepted with probability --alpha until the first rejection), with Eq. 3's\n"
-      "prediction for the same configuration beside it. Profiles as for `vericache model`.\n\nOptions");
+      "drafted token accepted with probability --alpha until the first rejection, or as the engine's\n"
+      "verify windows in --acceptance-trace did), with Eq. 3's prediction for the same configuration\n"
+      "beside it. Profiles as for `vericache model`.\n\nOptions");
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit");
@@ -44,6 +47,9 @@ int run_simulate(int argc, char** argv) {
     ("ratio,c", po::value(&ratio)->default_value(0.2), "c: kept fraction")
     ("draft-length,x", po::value(&draft_length)->default_value(25), "x: target drafts per verify")
     ("alpha", po::value(&alpha)->default_value(0.95), "probability that a drafted token is accepted")
+    ("acceptance-trace", po::value(&trace_path),
+     "HDF5 verify windows the engine ran (`vericache bench-reload --windows-out`): acceptance by "
+     "position in the window, estimated from them, instead of --alpha")
     ("window", po::value(&window)->default_value(64), "W: iterations the scheduler plans ahead")
     ("seed", po::value(&seed)->default_value(1), "acceptance random seed")
     ("json", po::bool_switch(&json), "print one JSON object instead of text");
@@ -52,7 +58,8 @@ int run_simulate(int argc, char** argv) {
   const std::string examples =
       "Examples:\n"
       "  vericache simulate --weights-gb 48 --kv-full-gb 5 --requests 60 --output-tokens 1000\n"
-      "  vericache simulate --policy lockstep --weights-gb 50 --kv-full-gb 4 -c 0.25 -x 30 -b 10 --link-gb-s 50\n";
+      "  vericache simulate --policy lockstep --weights-gb 50 --kv-full-gb 4 -c 0.25 -x 30 -b 10 --link-gb-s 50\n"
+      "  vericache simulate --acceptance-trace windows.h5 --weights-gb 48 --kv-full-gb 5\n";
   std::vector<OptionRange> ranges = profile_option_ranges();
   ranges.insert(ranges.end(), {{"context", 1, 1e9},
                                {"batch", 1, 1e6},
@@ -64,6 +71,19 @@ int run_simulate(int argc, char** argv) {
                                {"window", 3, 1e6},
                                {"seed", 0, 9e15}});
   if (auto done = parse_command_line("simulate", desc, examples, argc, argv, &vm, ranges)) return *done;
+  if (!trace_path.empty() && !vm["alpha"].defaulted()) {
+    return report_usage_error("simulate", "--alpha and --acceptance-trace exclude each other");
+  }
+  std::vector<double> position_alphas;
+  int64_t trace_windows = 0;
+  if (!trace_path.empty()) {
+    auto windows = read_window_trace(trace_path);
+    if (!windows.ok()) return report_status("simulate", windows.status());
+    auto alphas = sim::acceptance_by_position(*windows);
+    if (!alphas.ok()) return report_status("simulate", Status::invalid_argument(trace_path + ": " + alphas.status().message()));
+    position_alphas = std::move(*alphas);
+    trace_windows = static_cast<int64_t>(windows->size());
+  }
   auto policy = sched::parse_policy(policy_arg);
   if (!policy.ok()) return report_usage_error("simulate", "--policy: " + policy.status().message());
   if (draft_length + 1 >= window) {
@@ -80,6 +100,7 @@ int run_simulate(int argc, char** argv) {
   c.requests = requests;
   c.ratio = ratio;
   c.alpha = alpha;
+  c.position_alphas = position_alphas;
   c.policy = *policy;
   c.draft_length = draft_length;
   c.window = window;
@@ -90,8 +111,11 @@ int run_simulate(int argc, char** argv) {
   if (!result.ok()) return report_status("simulate", result.status());
   const sim::SimulationResult& r = *result;
 
-  // Eq. 3 with the gamma this alpha gives at x drafts.
-  const double gamma = sim::gamma_for_alpha(alpha, draft_length);
+  // Eq. 3 with the gamma this acceptance gives at x drafts.
+  const double gamma =
+      position_alphas.empty()
+          ? sim::gamma_for_alpha(alpha, draft_length)
+          : sim::expected_accepted_by_position(position_alphas, draft_length) / static_cast<double>(draft_length);
   sim::LongContextInputs in{c.weight_bytes, c.kv_bytes_per_token * static_cast<double>(context), c.hbm_bandwidth,
                             c.link_bandwidth, std::min(batch, requests), ratio, draft_length, gamma};
   const sim::LongContextEstimate e = sim::estimate_long_context(in);
@@ -105,7 +129,10 @@ int run_simulate(int argc, char** argv) {
                        {"output_tokens", output_tokens},
                        {"ratio", ratio},
                        {"draft_length", draft_length},
-                       {"alpha", alpha},
+                       {"alpha", position_alphas.empty() ? nlohmann::json(alpha) : nlohmann::json(nullptr)},
+                       {"acceptance_trace", trace_path},
+                       {"trace_windows", trace_windows},
+                       {"position_alphas", position_alphas},
                        {"window", window},
                        {"iterations", r.iterations},
                        {"simulated_seconds", r.seconds},
@@ -129,11 +156,22 @@ int run_simulate(int argc, char** argv) {
     std::cout << out.dump() << std::endl;
     return kExitOk;
   }
+  auto three_digits = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.3g", v);
+    return std::string(buf);
+  };
+  std::string acceptance = "alpha = " + three_digits(alpha);
+  if (!position_alphas.empty()) {
+    acceptance = "acceptance of " + std::to_string(trace_windows) + " engine windows (" + trace_path +
+                 "), by position:";
+    for (double a : position_alphas) acceptance += " " + three_digits(a);
+  }
   std::printf("%s on %s, %s: %lld requests (%lld at once), context %lld, %lld tokens each, c = %.3g, x = %lld, "
-              "alpha = %.3g\n",
+              "%s\n",
               shape->name.c_str(), hw->name.c_str(), sched::policy_name(*policy), static_cast<long long>(requests),
               static_cast<long long>(std::min(batch, requests)), static_cast<long long>(context),
-              static_cast<long long>(output_tokens), ratio, static_cast<long long>(draft_length), alpha);
+              static_cast<long long>(output_tokens), ratio, static_cast<long long>(draft_length), acceptance.c_str());
   std::printf("  simulated: %.1f tok/s (%lld tokens in %.2f s, %lld iterations of %.2f ms on average)\n", r.tok_s,
               static_cast<long long>(r.tokens), r.seconds, static_cast<long long>(r.iterations),
               1e3 * r.mean_iteration_s);

@@ -101,9 +101,7 @@ int run_sweep(int argc, char** argv) {
   Hdf5Table table;
   table.names = kColumns;
   table.columns.assign(kColumns.size(), {});
-  std::string command = "vericache";
-  for (int i = 0; i < argc; ++i) command += std::string(" ") + argv[i];
-  table.attributes = {{"command", command},
+  table.attributes = {{"command", command_line(argc, argv)},
                       {"hardware", p->hardware.name},
                       {"model_shape", p->shape.name},
                       {"policies", "0 staggered, 1 lockstep, 2 no-overlap"},

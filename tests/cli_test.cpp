@@ -96,9 +96,10 @@ TEST(Cli, ModelPrintsThePapersWorkedExample) {
 // simulator's prediction beside it (what the numbers are is the benchmark's business, under
 // results/); an unknown policy is a usage error.
 TEST(Cli, BenchReloadMeasuresAndSimulatesEachPolicy) {
+  const std::string windows = testing::temp_dir() + "/windows.h5";
   CliRun r = run_vericache(
       "bench-reload --context 2000 -b 2 --decode-tokens 12 -x 4 --window 12 --policies staggered,lockstep "
-      "--simulations 5 --json");
+      "--simulations 5 --json --windows-out " + windows);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::istringstream lines(r.out);
   std::vector<std::string> policies;
@@ -115,6 +116,21 @@ TEST(Cli, BenchReloadMeasuresAndSimulatesEachPolicy) {
     for (double a : out["request_alphas"]) EXPECT_TRUE(a > 0 && a <= 1) << a;
   }
   EXPECT_EQ(policies, (std::vector<std::string>{"staggered", "lockstep"}));
+  // The calibration's verify windows drive the simulator's acceptance.
+  auto drafted = read_hdf5_column(windows, "drafted");
+  ASSERT_TRUE(drafted.ok()) << drafted.status().message();
+  EXPECT_GE(drafted->size(), 4u);  // two requests, 11 tokens after the first, at most 5 per window
+  const std::string machine = " --weights-gb 48 --kv-full-gb 5 --requests 6 --output-tokens 100 -x 4";
+  r = run_vericache("simulate --json --acceptance-trace " + windows + machine);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto sim = nlohmann::json::parse(r.out);
+  EXPECT_EQ(sim["trace_windows"].get<size_t>(), drafted->size());
+  ASSERT_FALSE(sim["position_alphas"].empty());
+  for (double a : sim["position_alphas"]) EXPECT_TRUE(a >= 0 && a <= 1) << a;
+  EXPECT_TRUE(sim["alpha"].is_null());
+  r = run_vericache("simulate --alpha 0.9 --acceptance-trace " + windows + machine);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("vericache simulate: --alpha and --acceptance-trace exclude each other\n", 0), 0u) << r.err;
   // The prompts are consecutive stretches of the text: B x context tokens of it.
   const std::string text = testing::temp_dir() + "/short.txt";
   std::ofstream(text) << "Too short for two prompts of 2000 tokens.\n";

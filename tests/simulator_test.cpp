@@ -143,6 +143,39 @@ TEST(Simulator, ForwardOverheadAndRowCostAddToEveryIteration) {
   EXPECT_LE(capped->peak_streamed_bytes, 6 * kGB);
 }
 
+// Contention: a forward overlapped by a copy is slowed by copy_slowdown x the copying inside it,
+// at the copy's duty (link / copy bandwidth). One request under no-overlap never computes while its
+// reload moves: unchanged. Under staggered its reloads overlap its drafts: slower, and less so when
+// the copy moves its bytes in bursts of four times the link's speed.
+TEST(Simulator, CopiesBesideAForwardSlowItByTheirDuty) {
+  SimulationConfig c = worked_example();
+  c.batch = 1;
+  c.requests = 2;
+  c.output_tokens = 200;
+  c.draft_length = 8;
+  c.alpha = 0.8;
+  for (sched::ReloadPolicy policy : {sched::ReloadPolicy::kNoOverlap, sched::ReloadPolicy::kStaggered}) {
+    c.policy = policy;
+    c.copy_slowdown = 0;
+    c.copy_bandwidth = 0;
+    auto plain = simulate(c);
+    c.copy_slowdown = 1;
+    auto always = simulate(c);
+    c.copy_bandwidth = 4 * c.link_bandwidth;
+    auto bursts = simulate(c);
+    ASSERT_TRUE(plain.ok() && always.ok() && bursts.ok());
+    if (policy == sched::ReloadPolicy::kNoOverlap) {
+      EXPECT_DOUBLE_EQ(always->seconds, plain->seconds);
+      EXPECT_DOUBLE_EQ(bursts->seconds, plain->seconds);
+    } else {
+      EXPECT_GT(always->seconds, bursts->seconds);
+      EXPECT_GT(bursts->seconds, plain->seconds);
+    }
+  }
+  c.copy_slowdown = -1;
+  EXPECT_EQ(simulate(c).status().message(), "simulate: the copy slowdown and bandwidth must be >= 0");
+}
+
 TEST(Simulator, RefusesMachinesThatCannotHoldTheCaches) {
   SimulationConfig c = worked_example();
   c.weight_bytes = 90 * kGB;

@@ -32,11 +32,15 @@ Status check(const SimulationConfig& c) {
     return bad("context, output tokens, batch and requests must be at least 1");
   }
   if (!(c.ratio > 0 && c.ratio <= 1) || !(c.alpha >= 0 && c.alpha <= 1)) return bad("c must be in (0, 1], alpha in [0, 1]");
+  for (double a : c.position_alphas) {
+    if (!(a >= 0 && a <= 1)) return bad("every position's alpha must be in [0, 1]");
+  }
   for (double a : c.request_alphas) {
     if (!(a >= 0 && a <= 1)) return bad("every request's alpha must be in [0, 1]");
   }
   if (!(c.kv_fraction > 0 && c.kv_fraction <= 1)) return bad("the KV fraction must be in (0, 1]");
   if (c.draft_length < 1 || c.draft_length + 1 >= c.window) return bad("need 1 <= x and x + 1 < W");
+  if (!(c.copy_slowdown >= 0) || !(c.copy_bandwidth >= 0)) return bad("the copy slowdown and bandwidth must be >= 0");
   return Status();
 }
 
@@ -90,8 +94,11 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
     VC_RETURN_IF_ERROR(scheduler.admit(started, static_cast<double>(c.context) * b, drafts_left(Request{})));
   }
   std::mt19937_64 rng(c.seed);
-  auto accept = [&](int64_t id) {
-    const double a = c.request_alphas.empty() ? c.alpha : c.request_alphas[id % c.request_alphas.size()];
+  auto accept = [&](int64_t id, int64_t position) {
+    const size_t k = static_cast<size_t>(position);
+    const double a = !c.position_alphas.empty()  ? c.position_alphas[std::min(k, c.position_alphas.size() - 1)]
+                     : !c.request_alphas.empty() ? c.request_alphas[id % c.request_alphas.size()]
+                                                 : c.alpha;
     return std::bernoulli_distribution(a)(rng);
   };
 
@@ -136,8 +143,17 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
     const double in_forward = static_cast<double>(verifying.size() + drafting.size());
     const double forward_s = c.forward_overhead_s + in_forward * c.request_s +
                              static_cast<double>(verify_rows) * c.verify_row_s + bytes_read / c.hbm_bandwidth;
-    const double end = forward_start + forward_s;
-    scheduler.observe_iteration(forward_s);
+    // Contention: the copying inside [forward_start, forward_start + forward_s], at the copy's duty.
+    double copying = 0;
+    if (c.copy_slowdown > 0) {
+      const double duty = c.copy_bandwidth > 0 ? std::min(1.0, c.link_bandwidth / c.copy_bandwidth) : 1.0;
+      for (const Interval& j : link_jobs) {
+        copying += duty * std::max(0.0, std::min(j.end, forward_start + forward_s) - std::max(j.start, forward_start));
+      }
+    }
+    const double forward_total = forward_s + c.copy_slowdown * copying;
+    const double end = forward_start + forward_total;
+    scheduler.observe_iteration(forward_total);
 
     IterationRecord rec;
     rec.start_s = now;
@@ -151,7 +167,7 @@ Result<SimulationResult> simulate(const SimulationConfig& c) {
     for (int64_t id : verifying) {
       Request& r = active.at(id);
       int64_t accepted = 0;
-      while (accepted < r.drafts && accept(id)) ++accepted;
+      while (accepted < r.drafts && accept(id, accepted)) ++accepted;
       const int64_t tokens = std::min(accepted + 1, c.output_tokens - r.generated);
       drafts_verified += r.drafts;
       r.generated += tokens;

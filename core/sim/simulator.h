@@ -11,10 +11,15 @@
 //                  with the rows, where a GPU's is hidden under the bytes)
 //   link           serial: a reload starts when the scheduler says and when the link is free, and
 //                  takes KV_full / BW_inter; a verify waits for its reload (the wait is a stall)
+//   contention     when the copies share the forward's memory (a CPU copying with memcpy on
+//                  another core), a forward is slowed by copy_slowdown x the seconds of it during
+//                  which a copy is moving bytes: the link's busy time, scaled by
+//                  BW_inter / copy_bandwidth when a paced copy moves its bytes in faster bursts
 //   memory         M + every KV_comp + the full caches reloading or resident until their verify
 //   acceptance     each drafted token is accepted with probability alpha (or the request's own
-//                  from request_alphas), independently, up to the first rejection; a verify yields
-//                  the accepted drafts plus one token
+//                  from request_alphas, or by its position in the window from position_alphas,
+//                  as measured by the engine: sim/acceptance_model.h), up to the first rejection;
+//                  a verify yields the accepted drafts plus one token
 //   drafting       as the engine: a request drafts at most W - 2 tokens and one fewer than it has
 //                  left to output; then it waits for its verify outside the forward
 // Requests start with `context` prompt tokens already prefilled (prefill is not simulated) and
@@ -41,6 +46,8 @@ struct SimulationConfig {
   double forward_overhead_s = 0;  // fixed seconds per forward
   double request_s = 0;           // seconds per request in a forward (its first row)
   double verify_row_s = 0;        // seconds per further row of a verify (one per draft)
+  double copy_slowdown = 0;       // extra forward seconds per second of copying beside it (contention)
+  double copy_bandwidth = 0;      // bytes/s a copy moves while it moves; 0: the link bandwidth
   // Device memory for streamed full caches; 0: kv_fraction of what memory_bytes leaves after the
   // weights, less every compressed cache (grown to its last token).
   double streamed_capacity_bytes = 0;
@@ -54,6 +61,9 @@ struct SimulationConfig {
   // When non-empty, request i (numbered in start order) accepts with request_alphas[i % size]
   // instead of alpha: prompts that differ in how well the compressed cache drafts them.
   std::vector<double> request_alphas;
+  // When non-empty (it takes precedence): draft k + 1 of a window, its first k accepted, is
+  // accepted with position_alphas[min(k, size - 1)] (sim::acceptance_by_position).
+  std::vector<double> position_alphas;
   sched::ReloadPolicy policy = sched::ReloadPolicy::kStaggered;
   int64_t draft_length = 16;      // x
   int64_t window = 64;            // W

@@ -88,7 +88,10 @@ def main():
               "'run' column), and the simulator is told so. Measured = the engine; simulated = `vericache simulate`'s simulator on the CPU "
               "profile and acceptance the same run calibrated first (full-KV decoding and fixed windows verifying "
               "in place: forward = requests x per-request cost + further verify rows x per-row cost + bytes / "
-              "bandwidth; request i's drafts accepted with "
+              "bandwidth, fitted by non-negative least squares in relative error over every calibration forward; "
+              "the same windows again beside a copy that never rests give how much slower a forward runs while "
+              "the other core copies, which the simulator applies to the part of each forward a copy overlaps; "
+              "request i's drafts accepted with "
               "probability alpha_i until the first rejection, alpha_i matching request i's mean accepted drafts in the "
               "calibration; the drafts per verify as the engine's: at most W - 2 and one fewer than the tokens left), "
               "the mean of 100 acceptance seeds. Error = simulated / "
@@ -109,7 +112,8 @@ def main():
             f"{r['measured_drafts_per_verify']:.1f} / {r['simulated_drafts_per_verify']:.1f} | {r['mismatches']} |")
     lines += ["", "Per configuration, the same run's peers and calibration:", "",
               "| link GB/s (asked / run) | B | full-KV decoding tok/s | fixed windows, verify in place, tok/s | CPU bandwidth GB/s | "
-              "ms per request | ms per further verify row | copy GB/s | alpha per request |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "ms per request | ms per further verify row | copy GB/s | forwards slower beside a copy | alpha per request |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     seen = set()
     for r in rows:
         if r["command"] in seen:
@@ -118,7 +122,7 @@ def main():
         link = r["link"].replace("emulated link at ", "").replace(" GB/s", "")
         lines.append(f"| {link} / {r['link_bandwidth_gb_s']:.2f} | {r['batch']} | {r['full_kv_tok_s']:.1f} | {r['fixed_window_tok_s']:.1f} | "
                      f"{r['cpu_bandwidth_gb_s']:.1f} | {r['cpu_request_ms']:.2f} | {r['cpu_verify_row_ms']:.2f} | "
-                     f"{r['copy_bandwidth_gb_s']:.1f} | {' '.join(f'{a:.3f}' for a in r['request_alphas'])} |")
+                     f"{r['copy_bandwidth_gb_s']:.1f} | {100 * r['copy_slowdown']:.0f}% | {' '.join(f'{a:.3f}' for a in r['request_alphas'])} |")
     if not args.table_only:
         write_atomically(json_out, json.dumps({"commit": commit, "dirty": dirty, "commands": commands,
                                                "configs": args.configs, "rows": rows}, indent=1) + "\n")
