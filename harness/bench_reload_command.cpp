@@ -253,17 +253,18 @@ struct PolicyRun {
 }  // namespace
 
 int run_bench_reload(int argc, char** argv) {
-  std::string model_arg, text_file, compressor_arg, policies_arg, profile_out, windows_out;
+  std::string model_arg, text_file, compressor_arg, policies_arg, profile_out, windows_out, links_arg;
   std::vector<std::string> params_args;
   int64_t context = 0, batch = 0, draft_length = 0, window = 0, decode_tokens = 0, page_size = 16, prefill_chunk = 512;
   int64_t device_copies = 0, seed = 1, simulations = 0;
-  double ratio = 0, link_gb_s = 0;
+  double ratio = 0;
   int threads = 0;
   bool json = false;
   po::options_description desc(
       "vericache bench-reload: lockstep vs staggered vs no-overlap reloads of KV_full, measured on this\n"
       "machine with the engine (verification from copies over an EMULATED link: a paced copy engine\n"
-      "standing in for PCIe) and predicted by the simulator on a CPU profile calibrated in the same run.\n"
+      "standing in for PCIe) and predicted by the simulator on a CPU profile calibrated in the same run,\n"
+      "before and after the policies.\n"
       "B requests decode B different prompts (consecutive stretches of --text-file, each prefilled and\n"
       "compressed once); every run is checked token for token against full-KV decoding.\n\nOptions");
   // clang-format off
@@ -279,7 +280,8 @@ int run_bench_reload(int argc, char** argv) {
     ("draft-length,x", po::value(&draft_length)->default_value(8), "x: target drafts per verify")
     ("window", po::value(&window)->default_value(48), "W: iterations the scheduler plans ahead")
     ("decode-tokens", po::value(&decode_tokens)->default_value(64), "tokens generated per request (EOS ignored)")
-    ("link-gb-s", po::value(&link_gb_s)->default_value(2), "bandwidth of the emulated link in GB/s")
+    ("link-gb-s", po::value(&links_arg)->default_value("2"),
+     "bandwidths of the emulated link in GB/s, comma-separated (every policy runs over each)")
     ("device-copies", po::value(&device_copies)->default_value(0),
      "transient device memory, in full-cache copies (the scheduler's memory ring and the transient pages); 0: the batch")
     ("policies", po::value(&policies_arg)->default_value("staggered,lockstep,no-overlap"), "comma-separated policies")
@@ -297,7 +299,7 @@ int run_bench_reload(int argc, char** argv) {
     ("json", po::bool_switch(&json), "print one JSON object per policy instead of a table");
   // clang-format on
   po::variables_map vm;
-  const std::string example = "Example:\n  vericache bench-reload --context 4000 -b 4 -x 8 --link-gb-s 2 --threads 2\n";
+  const std::string example = "Example:\n  vericache bench-reload --context 4000 -b 4 -x 8 --link-gb-s 2,20 --threads 1\n";
   if (auto done = parse_command_line("bench-reload", desc, example, argc, argv, &vm,
                                      {{"context", 16, kMaxContextLength},
                                       {"batch", 1, 256},
@@ -305,7 +307,6 @@ int run_bench_reload(int argc, char** argv) {
                                       {"draft-length", 1, 256},
                                       {"window", 4, 4096},
                                       {"decode-tokens", 2, 1 << 20},
-                                      {"link-gb-s", 0, 1e4, true},
                                       {"device-copies", 0, 4096},
                                       {"seed", 0, 9e15},
                                       {"simulations", 1, 1e5},
@@ -316,6 +317,12 @@ int run_bench_reload(int argc, char** argv) {
   if (draft_length + 2 >= window) {
     return report_usage_error("bench-reload",
                               "--draft-length + 2 must be below --window (" + std::to_string(window) + ")");
+  }
+  std::vector<double> links_gb_s;
+  try {
+    links_gb_s = parse_number_list(links_arg, "link-gb-s", 1e-3, 1e4);
+  } catch (const po::error& e) {
+    return report_usage_error("bench-reload", e.what());
   }
   std::vector<sched::ReloadPolicy> policies;
   for (const std::string& name : split_list(policies_arg)) {
@@ -406,40 +413,110 @@ int run_bench_reload(int argc, char** argv) {
     return results;
   };
 
-  // Calibration: full-KV decoding and the engine with fixed windows, verifying in place.
-  std::fprintf(stderr, "[bench-reload] calibration: full-KV decoding and fixed windows of %lld drafts\n",
-               static_cast<long long>(draft_length));
-  auto full = decode_full_kv(m, prefilled, *base_pool, decode_tokens, page_size);
-  if (!full.ok()) return report_error(full.status());
+  // Calibration, before the policies and again after them (the pooled fit cancels a machine that
+  // drifts in between): full-KV decoding, the copy speed, and the engine with fixed windows verifying
+  // in place, alone and beside a copy that never rests.
+  std::vector<std::vector<int32_t>> want;  // full-KV decoding's tokens, per request
+  WindowCounts calibration(draft_length), beside_copy(draft_length);
+  double full_kv_seconds = 0, fixed_window_seconds = 0, unused = 0;
+  int64_t calibration_passes = 0, total_mismatches = 0;
+  std::vector<double> copy_rates;
   auto copy_bench = CopyBench::create(m, bases[0], *base_pool, page_size);
   if (!copy_bench.ok()) return report_error(copy_bench.status());
-  auto copy_bandwidth = measure_copy_bandwidth(**copy_bench);
-  if (!copy_bandwidth.ok()) return report_error(copy_bandwidth.status());
-  // The link the engine gets: the emulated one, unless this machine cannot copy that fast.
-  const double link_bandwidth = std::min(link_gb_s * 1e9, *copy_bandwidth);
-  if (link_bandwidth < link_gb_s * 1e9) {
-    std::fprintf(stderr,
-                 "[bench-reload] warning: this machine copies %.2f GB/s, below the %.2f GB/s asked for: the emulated "
-                 "link runs at the copy speed (and the simulator is told so)\n",
-                 *copy_bandwidth / 1e9, link_gb_s);
-  }
-  WindowCounts calibration(draft_length);
-  double calibration_seconds = 0, unused = 0;
-  auto calibrated = run_engine(EngineOptions{}, 0, &calibration, &calibration_seconds, &unused);
-  if (!calibrated.ok()) return report_error(calibrated.status());
-  int64_t total_mismatches = count_mismatches(*calibrated, full->tokens);
-  // Contention: the same calibration again with a copy running beside it the whole time.
-  WindowCounts beside_copy(draft_length);
-  {
-    double loaded_seconds = 0;
+  auto calibrate = [&]() -> Status {
+    std::fprintf(stderr, "[bench-reload] calibration %lld of 2: full-KV decoding and fixed windows of %lld drafts\n",
+                 static_cast<long long>(calibration_passes + 1), static_cast<long long>(draft_length));
+    VC_ASSIGN_OR_RETURN(FullKvDecode full, decode_full_kv(m, prefilled, *base_pool, decode_tokens, page_size));
+    if (want.empty()) want = full.tokens;
+    if (full.tokens != want) return Status::internal("full-KV decoding differs between its two runs");
+    full_kv_seconds += full.seconds;
+    VC_ASSIGN_OR_RETURN(const double rate, measure_copy_bandwidth(**copy_bench));
+    copy_rates.push_back(rate);
+    double seconds = 0;
+    VC_ASSIGN_OR_RETURN(auto plain, run_engine(EngineOptions{}, 0, &calibration, &seconds, &unused));
+    fixed_window_seconds += seconds;
+    total_mismatches += count_mismatches(plain, want);
     CopyLoad load(**copy_bench);
-    auto again = run_engine(EngineOptions{}, 0, &beside_copy, &loaded_seconds, &unused);
-    const Status copies = load.stop();
-    if (!again.ok()) return report_error(again.status());
-    if (!copies.ok()) return report_error(copies);
-    total_mismatches += count_mismatches(*again, full->tokens);
+    auto loaded = run_engine(EngineOptions{}, 0, &beside_copy, &seconds, &unused);
+    VC_RETURN_IF_ERROR(load.stop());
+    VC_RETURN_IF_ERROR(loaded.status());
+    total_mismatches += count_mismatches(*loaded, want);
+    ++calibration_passes;
+    return Status();
+  };
+  if (Status s = calibrate(); !s.ok()) return report_error(s);
+  const double B = static_cast<double>(batch);
+  const double decode_steps = static_cast<double>(decode_tokens - 1);
+  // The link the engine gets: the emulated one, unless this machine cannot copy that fast.
+  auto link_for = [](double asked_gb_s, double copy_rate) { return std::min(asked_gb_s * 1e9, copy_rate); };
+  for (double asked : links_gb_s) {
+    if (link_for(asked, copy_rates[0]) < asked * 1e9) {
+      std::fprintf(stderr,
+                   "[bench-reload] warning: this machine copies %.2f GB/s, below the %.2f GB/s asked for: the "
+                   "emulated link runs at the copy speed (and the simulator is told so)\n",
+                   copy_rates[0] / 1e9, asked);
+    }
+  }
+  if (!windows_out.empty()) {
+    if (Status s = write_window_trace(windows_out, calibration.all, command_line(argc, argv)); !s.ok())
+      return report_error(s);
   }
 
+  // The policies, for each link.
+  struct Measured {
+    double link_gb_s = 0;
+    sched::ReloadPolicy policy{};
+    std::string link;
+    PolicyRun run;
+    StepTimes steps;
+    double memory_capacity_bytes = 0;
+  };
+  std::vector<Measured> measured;
+  for (double asked : links_gb_s) {
+    for (sched::ReloadPolicy policy : policies) {
+      std::fprintf(stderr, "[bench-reload] %s over an emulated link at %.2f GB/s\n", sched::policy_name(policy),
+                   asked);
+      Measured& row = measured.emplace_back();
+      row.link_gb_s = asked;
+      row.policy = policy;
+      TransferEngine transfer(TransferOptions{asked * 1e9});
+      sched::ReloadSchedulerOptions so;
+      so.policy = policy;
+      so.window = window;
+      so.draft_length = draft_length;
+      so.iteration_seconds = calibration.draft_ms() / 1e3;
+      so.link_bandwidth = link_for(asked, copy_rates[0]);
+      sched::ReloadScheduler sizing(so);  // the window decides how many drafts a copy must make room for
+      EngineOptions options;
+      options.transfer = &transfer;
+      options.scheduler = &sizing;
+      options.draft_length = draft_length;
+      const int64_t copy_pages =
+          DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, requests[0]).transient;
+      so.memory_capacity_bytes = static_cast<double>(device_copies * copy_pages * page_bytes);
+      row.memory_capacity_bytes = so.memory_capacity_bytes;
+      sched::ReloadScheduler scheduler(so);
+      options.scheduler = &scheduler;
+      PolicyRun& run = row.run;
+      auto results =
+          run_engine(options, device_copies * copy_pages, &row.steps, &run.seconds, &run.peak_transient_bytes);
+      if (!results.ok()) return report_error(results.status());
+      run.mismatches = count_mismatches(*results, want);
+      total_mismatches += run.mismatches;
+      RequestMetrics totals;
+      for (const EngineResult& r : *results) totals.add(r.metrics);
+      run.stall_seconds = row.steps.stall_seconds;
+      run.link_busy_seconds = transfer.stats().busy_seconds;
+      run.iterations = scheduler.now();
+      run.verifies = totals.verify_windows;
+      run.draft_tokens = totals.draft_tokens;
+      run.mean_acceptance_length = run.verifies ? B * decode_steps / static_cast<double>(run.verifies) : 0;
+      row.link = transfer.describe();
+    }
+  }
+  if (Status s = calibrate(); !s.ok()) return report_error(s);
+
+  // The CPU profile from both calibrations.
   const double b = static_cast<double>(layers * page_bytes) / static_cast<double>(page_size);
   const double weights = static_cast<double>(m.decode_weight_bytes());
   int64_t kept_slots = 0;  // mean over the prompts
@@ -449,12 +526,11 @@ int run_bench_reload(int argc, char** argv) {
   kept_slots /= batch;
   const double full_bytes = static_cast<double>(context) * b;
   const double comp_bytes = static_cast<double>(kept_slots) / static_cast<double>(layers) * b;
-  const double B = static_cast<double>(batch);
+  const double passes = static_cast<double>(calibration_passes);
   CpuProfile cpu;
   cpu.draft_ms = calibration.draft_ms();
   cpu.verify_ms = calibration.verify_ms();
-  cpu.full_kv_ms = full->step_ms();
-  const double t_d = cpu.draft_ms / 1e3;
+  cpu.full_kv_ms = 1e3 * full_kv_seconds / (passes * decode_steps);
   std::vector<ForwardSample> samples;
   for (const StepRecord& s : calibration.steps) {
     const double n = static_cast<double>(s.draft_items + s.verify_items);
@@ -463,7 +539,7 @@ int run_bench_reload(int argc, char** argv) {
                            static_cast<double>(s.verify_items) * full_bytes,
                        s.seconds, 1.0});
   }
-  samples.push_back({B, 0, weights + B * full_bytes, cpu.full_kv_ms / 1e3, static_cast<double>(decode_tokens - 1)});
+  samples.push_back({B, 0, weights + B * full_bytes, cpu.full_kv_ms / 1e3, passes * decode_steps});
   const ForwardCosts costs = fit_forward_costs(samples);
   int64_t verify_forwards = 0, verify_items = 0;
   for (const StepRecord& st : calibration.steps) {
@@ -475,8 +551,7 @@ int run_bench_reload(int argc, char** argv) {
                verify_forwards ? static_cast<double>(verify_items) / static_cast<double>(verify_forwards) : 0.0);
   // A bytes term fitted to zero (short contexts, noise) leaves the bandwidth unresolved: the
   // forward is then modelled by its requests and rows alone.
-  const double seconds_per_byte = costs.seconds_per_byte;
-  cpu.bandwidth = seconds_per_byte > 0 ? 1.0 / seconds_per_byte : kUnresolvedBandwidth;
+  cpu.bandwidth = costs.seconds_per_byte > 0 ? 1.0 / costs.seconds_per_byte : kUnresolvedBandwidth;
   cpu.verify_row_s = costs.row_s;
   cpu.request_s = costs.request_s;
   cpu.copy_slowdown = std::max(0.0, (beside_copy.draft_seconds + beside_copy.verify_seconds) /
@@ -491,7 +566,9 @@ int run_bench_reload(int argc, char** argv) {
   }
   double mean_alpha = 0;
   for (double a : cpu.alphas) mean_alpha += a / B;
-  if (seconds_per_byte == 0) {
+  std::sort(copy_rates.begin(), copy_rates.end());
+  const double copy_rate = 0.5 * (copy_rates.front() + copy_rates.back());
+  if (costs.seconds_per_byte == 0) {
     std::fprintf(stderr,
                  "[bench-reload] warning: the fit gives the bytes read no cost (full-KV step %.1f ms, draft step %.1f "
                  "ms): the bandwidth term is unresolved (a longer --context resolves it)\n",
@@ -501,23 +578,18 @@ int run_bench_reload(int argc, char** argv) {
                "[bench-reload] CPU profile: %.2f GB/s, %.2f ms per request, %.2f ms per further verify row, copies at "
                "%.2f GB/s, forwards %.0f%% slower beside a copy; mean alpha %.3f (draft %.1f ms, verify %.1f ms, "
                "full-KV %.1f ms per step)\n",
-               cpu.bandwidth / 1e9, 1e3 * cpu.request_s, 1e3 * cpu.verify_row_s, *copy_bandwidth / 1e9,
-               100 * cpu.copy_slowdown, mean_alpha,
-               cpu.draft_ms, cpu.verify_ms, cpu.full_kv_ms);
-  if (!windows_out.empty()) {
-    if (Status s = write_window_trace(windows_out, calibration.all, command_line(argc, argv)); !s.ok())
-      return report_error(s);
-  }
+               cpu.bandwidth / 1e9, 1e3 * cpu.request_s, 1e3 * cpu.verify_row_s, copy_rate / 1e9,
+               100 * cpu.copy_slowdown, mean_alpha, cpu.draft_ms, cpu.verify_ms, cpu.full_kv_ms);
   if (!profile_out.empty()) {
     nlohmann::json p{
         {"name", "cpu-this-machine"},
         {"description",
          "this CPU, calibrated by vericache bench-reload (forward = requests x request + "
          "further verify rows x verify row + bytes / bandwidth); the link is the run's "
-         "emulated one"},
+         "first emulated one"},
         {"memory_gb", physical_memory_bytes() / 1e9},
         {"memory_bandwidth_gb_s", cpu.bandwidth / 1e9},
-        {"link_bandwidth_gb_s", link_bandwidth / 1e9},
+        {"link_bandwidth_gb_s", link_for(links_gb_s[0], copy_rate) / 1e9},
         {"request_us", 1e6 * cpu.request_s},
         {"verify_row_us", 1e6 * cpu.verify_row_s},
         {"source", "vericache bench-reload --threads " + std::to_string(ThreadPool::global().threads()) + " on " +
@@ -525,50 +597,20 @@ int run_bench_reload(int argc, char** argv) {
     std::ofstream(profile_out) << p.dump(2) << "\n";
   }
 
+  // The simulator's prediction of each measured row.
   if (!json) {
     std::printf(
-        "| policy | measured tok/s | simulated tok/s | error | stall s (measured / simulated) | link busy "
+        "| link GB/s | policy | measured tok/s | simulated tok/s | error | stall s (measured / simulated) | link busy "
         "(measured / simulated) | peak transient MB (measured / simulated) | tokens per verify (measured / "
         "simulated) | iterations (measured / simulated) | mismatches |\n");
-    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
-  for (sched::ReloadPolicy policy : policies) {
-    std::fprintf(stderr, "[bench-reload] %s over an emulated link at %.2f GB/s\n", sched::policy_name(policy),
-                 link_gb_s);
-    TransferEngine transfer(TransferOptions{link_gb_s * 1e9});
-    sched::ReloadSchedulerOptions so;
-    so.policy = policy;
-    so.window = window;
-    so.draft_length = draft_length;
-    so.iteration_seconds = t_d;
-    so.link_bandwidth = link_bandwidth;
-    sched::ReloadScheduler sizing(so);  // the window decides how many drafts a copy must make room for
-    EngineOptions options;
-    options.transfer = &transfer;
-    options.scheduler = &sizing;
-    options.draft_length = draft_length;
-    const int64_t copy_pages =
-        DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, requests[0]).transient;
-    so.memory_capacity_bytes = static_cast<double>(device_copies * copy_pages * page_bytes);
-    sched::ReloadScheduler scheduler(so);
-    options.scheduler = &scheduler;
-    StepTimes steps;
-    PolicyRun run;
-    auto results = run_engine(options, device_copies * copy_pages, &steps, &run.seconds, &run.peak_transient_bytes);
-    if (!results.ok()) return report_error(results.status());
-    run.mismatches = count_mismatches(*results, full->tokens);
-    total_mismatches += run.mismatches;
-    RequestMetrics totals;
-    for (const EngineResult& r : *results) totals.add(r.metrics);
-    run.stall_seconds = steps.stall_seconds;
-    run.link_busy_seconds = transfer.stats().busy_seconds;
-    run.iterations = scheduler.now();
-    run.verifies = totals.verify_windows;
-    run.draft_tokens = totals.draft_tokens;
-    const double tokens = B * static_cast<double>(decode_tokens - 1);
-    run.mean_acceptance_length = run.verifies ? tokens / static_cast<double>(run.verifies) : 0;
-    const double tok_s = tokens / run.seconds;
-
+  const double fixed_window_tok_s = passes * B * decode_steps / fixed_window_seconds;
+  const double full_kv_tok_s = passes * B * decode_steps / full_kv_seconds;
+  for (const Measured& row : measured) {
+    const PolicyRun& run = row.run;
+    const double link_bandwidth = link_for(row.link_gb_s, copy_rate);
+    const double tok_s = B * decode_steps / run.seconds;
     sim::SimulationConfig c;
     c.weight_bytes = weights;
     c.kv_bytes_per_token = b;
@@ -577,8 +619,8 @@ int run_bench_reload(int argc, char** argv) {
     c.request_s = cpu.request_s;
     c.verify_row_s = cpu.verify_row_s;
     c.copy_slowdown = cpu.copy_slowdown;
-    c.copy_bandwidth = *copy_bandwidth;
-    c.streamed_capacity_bytes = so.memory_capacity_bytes;
+    c.copy_bandwidth = copy_rate;
+    c.streamed_capacity_bytes = row.memory_capacity_bytes;
     c.memory_bytes = physical_memory_bytes();
     c.context = context;
     c.output_tokens = decode_tokens - 1;
@@ -587,7 +629,7 @@ int run_bench_reload(int argc, char** argv) {
     c.ratio = comp_bytes / full_bytes;
     c.alpha = mean_alpha;
     c.request_alphas = cpu.alphas;
-    c.policy = policy;
+    c.policy = row.policy;
     c.draft_length = draft_length;
     c.window = window;
     // The expectation over acceptance draws: the mean of --simulations seeds.
@@ -609,8 +651,8 @@ int run_bench_reload(int argc, char** argv) {
     }
     const double error = p.tok_s / tok_s - 1;
     if (json) {
-      nlohmann::json out{{"policy", sched::policy_name(policy)},
-                         {"link", transfer.describe()},
+      nlohmann::json out{{"policy", sched::policy_name(row.policy)},
+                         {"link", row.link},
                          {"context", context},
                          {"batch", batch},
                          {"compressor", compressor.name()},
@@ -636,16 +678,17 @@ int run_bench_reload(int argc, char** argv) {
                           run.verifies ? static_cast<double>(run.draft_tokens) / static_cast<double>(run.verifies) : 0},
                          {"simulated_drafts_per_verify", p.mean_drafts_per_verify},
                          {"measured_iterations", run.iterations},
-                         {"measured_draft_step_ms", steps.draft_ms()},
-                         {"measured_verify_step_ms", steps.verify_ms()},
+                         {"measured_draft_step_ms", row.steps.draft_ms()},
+                         {"measured_verify_step_ms", row.steps.verify_ms()},
                          {"simulated_iteration_ms", 1e3 * p.seconds / simulated_iterations},
                          {"simulated_iterations", simulated_iterations},
                          {"simulations", simulations},
                          {"mismatches", run.mismatches},
-                         {"full_kv_tok_s", full->tok_s()},
-                         {"fixed_window_tok_s", B * static_cast<double>(decode_tokens - 1) / calibration_seconds},
+                         {"full_kv_tok_s", full_kv_tok_s},
+                         {"fixed_window_tok_s", fixed_window_tok_s},
                          {"cpu_bandwidth_gb_s", cpu.bandwidth / 1e9},
-                         {"copy_bandwidth_gb_s", *copy_bandwidth / 1e9},
+                         {"copy_bandwidth_gb_s", copy_rate / 1e9},
+                         {"copy_bandwidth_range_gb_s", {copy_rates.front() / 1e9, copy_rates.back() / 1e9}},
                          {"link_bandwidth_gb_s", link_bandwidth / 1e9},
                          {"cpu_request_ms", 1e3 * cpu.request_s},
                          {"cpu_verify_row_ms", 1e3 * cpu.verify_row_s},
@@ -658,21 +701,19 @@ int run_bench_reload(int argc, char** argv) {
       std::cout << out.dump() << std::endl;
     } else {
       std::printf(
-          "| %s | %.1f | %.1f | %+.1f%% | %.2f / %.2f | %.0f%% / %.0f%% | %.0f / %.0f | %.2f / %.2f | %lld / %lld | "
-          "%lld |\n",
-          sched::policy_name(policy), tok_s, p.tok_s, 100 * error, run.stall_seconds, p.stall_seconds,
-          100 * run.link_busy_seconds / run.seconds, 100 * p.link_busy_fraction, run.peak_transient_bytes / 1e6,
-          p.peak_streamed_bytes / 1e6, run.mean_acceptance_length, p.mean_acceptance_length,
-          static_cast<long long>(run.iterations), static_cast<long long>(std::lround(simulated_iterations)),
-          static_cast<long long>(run.mismatches));
-      std::fflush(stdout);
+          "| %.2f | %s | %.1f | %.1f | %+.1f%% | %.2f / %.2f | %.0f%% / %.0f%% | %.0f / %.0f | %.2f / %.2f | %lld / "
+          "%lld | %lld |\n",
+          row.link_gb_s, sched::policy_name(row.policy), tok_s, p.tok_s, 100 * error, run.stall_seconds,
+          p.stall_seconds, 100 * run.link_busy_seconds / run.seconds, 100 * p.link_busy_fraction,
+          run.peak_transient_bytes / 1e6, p.peak_streamed_bytes / 1e6, run.mean_acceptance_length,
+          p.mean_acceptance_length, static_cast<long long>(run.iterations),
+          static_cast<long long>(std::lround(simulated_iterations)), static_cast<long long>(run.mismatches));
     }
   }
   if (!json) {
     std::printf(
         "\nFull-KV decoding %.1f tok/s; fixed windows of %lld drafts verifying in place %.1f tok/s (same run).\n",
-        full->tok_s(), static_cast<long long>(draft_length),
-        B * static_cast<double>(decode_tokens - 1) / calibration_seconds);
+        full_kv_tok_s, static_cast<long long>(draft_length), fixed_window_tok_s);
   }
   for (SequenceKv& kv : bases) kv.release(*base_pool);
   if (total_mismatches > 0) {

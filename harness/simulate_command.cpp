@@ -80,7 +80,9 @@ int run_simulate(int argc, char** argv) {
     auto windows = read_window_trace(trace_path);
     if (!windows.ok()) return report_status("simulate", windows.status());
     auto alphas = sim::acceptance_by_position(*windows);
-    if (!alphas.ok()) return report_status("simulate", Status::invalid_argument(trace_path + ": " + alphas.status().message()));
+    if (!alphas.ok()) {
+      return report_status("simulate", Status::invalid_argument(trace_path + ": " + alphas.status().message()));
+    }
     position_alphas = std::move(*alphas);
     trace_windows = static_cast<int64_t>(windows->size());
   }

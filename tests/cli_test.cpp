@@ -92,22 +92,23 @@ TEST(Cli, ModelPrintsThePapersWorkedExample) {
       << r.err;
 }
 
-// vericache bench-reload: two policies over the emulated link, each lossless, each with the
-// simulator's prediction beside it (what the numbers are is the benchmark's business, under
-// results/); an unknown policy is a usage error.
+// vericache bench-reload: two policies over each of two emulated links, each lossless, each with
+// the simulator's prediction beside it (what the numbers are is the benchmark's business, under
+// results/); its verify windows feed `simulate --acceptance-trace`; bad lists and an unknown policy
+// are usage errors.
 TEST(Cli, BenchReloadMeasuresAndSimulatesEachPolicy) {
   const std::string windows = testing::temp_dir() + "/windows.h5";
   CliRun r = run_vericache(
       "bench-reload --context 2000 -b 2 --decode-tokens 12 -x 4 --window 12 --policies staggered,lockstep "
-      "--simulations 5 --json --windows-out " + windows);
+      "--link-gb-s 2,4 --simulations 5 --json --windows-out " + windows);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::istringstream lines(r.out);
-  std::vector<std::string> policies;
+  std::vector<std::string> policies, links;
   for (std::string line; std::getline(lines, line);) {
     const auto out = nlohmann::json::parse(line);
     policies.push_back(out["policy"]);
+    links.push_back(out["link"]);
     EXPECT_EQ(out["mismatches"], 0);
-    EXPECT_EQ(out["link"], "emulated link at 2.00 GB/s");
     EXPECT_GT(out["measured_tok_s"].get<double>(), 0);
     EXPECT_GT(out["simulated_tok_s"].get<double>(), 0);
     EXPECT_GT(out["measured_tokens_per_verify"].get<double>(), 1.0);
@@ -115,7 +116,9 @@ TEST(Cli, BenchReloadMeasuresAndSimulatesEachPolicy) {
     ASSERT_EQ(out["request_alphas"].size(), 2u);  // two prompts, each with its own acceptance
     for (double a : out["request_alphas"]) EXPECT_TRUE(a > 0 && a <= 1) << a;
   }
-  EXPECT_EQ(policies, (std::vector<std::string>{"staggered", "lockstep"}));
+  EXPECT_EQ(policies, (std::vector<std::string>{"staggered", "lockstep", "staggered", "lockstep"}));
+  EXPECT_EQ(links, (std::vector<std::string>{"emulated link at 2.00 GB/s", "emulated link at 2.00 GB/s",
+                                             "emulated link at 4.00 GB/s", "emulated link at 4.00 GB/s"}));
   // The calibration's verify windows drive the simulator's acceptance.
   auto drafted = read_hdf5_column(windows, "drafted");
   ASSERT_TRUE(drafted.ok()) << drafted.status().message();
@@ -137,6 +140,9 @@ TEST(Cli, BenchReloadMeasuresAndSimulatesEachPolicy) {
   r = run_vericache("bench-reload --context 2000 -b 2 --text-file " + text);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find(text + " has 14 tokens, fewer than the 4000 the prompts need"), std::string::npos) << r.err;
+  r = run_vericache("bench-reload --link-gb-s 2,0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("vericache bench-reload: --link-gb-s: 0 is outside [0.001, 10000]\n", 0), 0u) << r.err;
   r = run_vericache("bench-reload --policies eager");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err.rfind("vericache bench-reload: --policies: unknown reload policy 'eager' (staggered, lockstep or "

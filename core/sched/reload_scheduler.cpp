@@ -90,7 +90,11 @@ bool ReloadScheduler::place(int64_t request, double bytes, int64_t own_cycle) {
 
 ReloadScheduler::Events ReloadScheduler::events_now() {
   // First come, first placed: the first that still does not fit stops the retries.
-  while (!waiting_.empty() && place(waiting_.front().request, waiting_.front().bytes, waiting_.front().cycle)) waiting_.pop_front();
+  while (!waiting_.empty()) {
+    const Waiting& w = waiting_.front();
+    if (!place(w.request, w.bytes, w.cycle)) break;
+    waiting_.pop_front();
+  }
   Events events;
   for (const ReloadPlan& p : plans_) {
     if (p.reload_start == now_) events.reloads_starting.push_back(p);

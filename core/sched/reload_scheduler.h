@@ -95,8 +95,9 @@ class ReloadScheduler {
   const ReloadSchedulerOptions& options() const { return options_; }
 
  private:
-  // Places a request (policy by policy); false when staggered finds no span that fits.
-  bool place(int64_t request, double bytes, int64_t cycle);
+  // Places a request whose verify is due `own_cycle` iterations on (x' + 1; policy by policy);
+  // false when staggered finds no span that fits.
+  bool place(int64_t request, double bytes, int64_t own_cycle);
 
   struct Waiting {
     int64_t request;

@@ -11,6 +11,8 @@ results/reload_ablation_cpu.json (every row as bench-reload printed it).
 Usage, from the repository root, after harness/setup.sh, on otherwise idle cores:
   python3 harness/bench/reload_ablation.py
   python3 harness/bench/reload_ablation.py --configs "--link-gb-s 2 -b 4" --decode-tokens 32   (a quick look)
+(one bench-reload per configuration: its prompts prefilled once, calibrated before and after every
+policy over every link it lists)
   python3 harness/bench/reload_ablation.py --table-only    (rewrite the .md from the .json)
 """
 import argparse
@@ -24,7 +26,7 @@ from results_file import check_destination, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERICACHE = os.path.join(ROOT, "build", "vericache")
-DEFAULT_CONFIGS = ["--link-gb-s 2 -b 4", "--link-gb-s 20 -b 4", "--link-gb-s 2 -b 8"]
+DEFAULT_CONFIGS = ["--link-gb-s 2,20 -b 4", "--link-gb-s 2 -b 8"]
 
 
 def git(*args):
@@ -86,7 +88,7 @@ def main():
               "as device memory is resident). Device memory for those copies: B full caches (the memory ring's "
               "capacity too). A link asked faster than this machine copies runs at the copy speed (the second table's "
               "'run' column), and the simulator is told so. Measured = the engine; simulated = `vericache simulate`'s simulator on the CPU "
-              "profile and acceptance the same run calibrated first (full-KV decoding and fixed windows verifying "
+              "profile and acceptance the same run calibrated before and after its policy runs, pooled (full-KV decoding and fixed windows verifying "
               "in place: forward = requests x per-request cost + further verify rows x per-row cost + bytes / "
               "bandwidth, fitted by non-negative least squares in relative error over every calibration forward; "
               "the same windows again beside a copy that never rests give how much slower a forward runs while "
@@ -116,9 +118,9 @@ def main():
               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     seen = set()
     for r in rows:
-        if r["command"] in seen:
+        if (r["command"], r["link"]) in seen:
             continue
-        seen.add(r["command"])
+        seen.add((r["command"], r["link"]))
         link = r["link"].replace("emulated link at ", "").replace(" GB/s", "")
         lines.append(f"| {link} / {r['link_bandwidth_gb_s']:.2f} | {r['batch']} | {r['full_kv_tok_s']:.1f} | {r['fixed_window_tok_s']:.1f} | "
                      f"{r['cpu_bandwidth_gb_s']:.1f} | {r['cpu_request_ms']:.2f} | {r['cpu_verify_row_ms']:.2f} | "
