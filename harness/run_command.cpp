@@ -345,6 +345,8 @@ int run_run(int argc, char** argv) {
     out["request_verify_seconds"] = t.verify_seconds;
     out["full_kv_slots"] = t.full_kv_slots;
     out["resident_kv_slots"] = t.resident_kv_slots;
+    out["full_kv_bytes"] = t.full_kv_bytes;
+    out["resident_kv_bytes"] = t.resident_kv_bytes;
     out["compressor_failures"] = failures;
     out["threads"] = ThreadPool::global().threads();
     if (o.check) {
@@ -368,8 +370,9 @@ int run_run(int argc, char** argv) {
                  "[mean acceptance length %.2f (1 + accepted/drafts, bonus included) | acceptance rate %.3f | decode "
                  "%.1f tok/s]\n",
                  t.mean_acceptance_length(), t.acceptance_rate(), tok_s);
-    std::fprintf(stderr, "[KV slots at the end: %lld resident (compressed) of %lld full]\n",
-                 static_cast<long long>(t.resident_kv_slots), static_cast<long long>(t.full_kv_slots));
+    std::fprintf(stderr, "[KV at the end: %lld slots resident (compressed) of %lld full; %.2f of %.2f MB]\n",
+                 static_cast<long long>(t.resident_kv_slots), static_cast<long long>(t.full_kv_slots),
+                 static_cast<double>(t.resident_kv_bytes) / 1e6, static_cast<double>(t.full_kv_bytes) / 1e6);
     if (transfer) {
       const TransferStats ts = transfer->stats();
       std::fprintf(stderr,

@@ -212,16 +212,18 @@ TEST(Cli, PluginsListsDescriptorsAndRefusals) {
   const CliRun r = run_vericache(std::string("plugins --json --plugin-dir ") + VC_FIXTURE_PLUGIN_DIR);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto out = nlohmann::json::parse(r.out);
-  // The bundled compressors (build/plugins) and the example from the fixture folder, with their modes.
-  std::map<std::string, std::string> expected{{"streaming_llm", "offline"}, {"snapkv", "offline"},
-                                              {"expected_attention", "offline"}, {"kvzip", "offline"},
-                                              {"kvzap", "online"}};
+  // The bundled compressors (build/plugins) and the example from the fixture folder, with their
+  // families and modes.
+  std::map<std::string, std::pair<std::string, std::string>> expected{
+      {"streaming_llm", {"token-dropping", "offline"}}, {"snapkv", {"token-dropping", "offline"}},
+      {"expected_attention", {"token-dropping", "offline"}}, {"kvzip", {"token-dropping", "offline"}},
+      {"kvzap", {"token-dropping", "online"}}, {"kivi", {"quantization", "online"}}};
   for (const auto& p : out["plugins"]) {
     const auto it = expected.find(p["name"]);
     if (it == expected.end()) continue;
-    EXPECT_EQ(p["family"], "token-dropping");
-    EXPECT_EQ(p["mode"], it->second) << it->first;
-    EXPECT_EQ(p["abi_version"], 2);
+    EXPECT_EQ(p["family"], it->second.first) << it->first;
+    EXPECT_EQ(p["mode"], it->second.second) << it->first;
+    EXPECT_EQ(p["abi_version"], 3);
     expected.erase(it);
   }
   EXPECT_TRUE(expected.empty()) << expected.begin()->first << " not listed: " << r.out;

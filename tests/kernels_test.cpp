@@ -232,5 +232,51 @@ TEST(Kernels, PagedAttentionMatchesReferenceAndIsRowInvariant) {
   }
 }
 
+// A quantized cache's unpacked slots are read from prefix pages ahead of the paged cache: the same
+// slots split between the two (at every page boundary) give bitwise the attention of one paged cache.
+TEST(Kernels, PagedAttentionReadsPrefixPagesAsThePagedCache) {
+  const int64_t heads = 6, kv_heads = 2, hd = 64, ps = 16, pages = 8, cached = 100, rows = 5;
+  const auto kp = random_vector(pages * kv_heads * hd * ps, 17);
+  const auto vp = random_vector(pages * kv_heads * ps * hd, 18);
+  const auto q = random_vector(rows * heads * hd, 19, 0.3f);
+  const std::vector<int32_t> table{5, 2, 7, 0, 3, 1, 6, 4};
+  const int64_t page_floats = kv_heads * hd * ps;
+  for (const KernelTable* k : tables()) {
+    std::vector<float> whole(rows * heads * hd), split(rows * heads * hd);
+    PagedAttentionArgs a;
+    a.q = q.data();
+    a.q_row_stride = heads * hd;
+    a.out = whole.data();
+    a.out_row_stride = heads * hd;
+    a.k_pages = kp.data();
+    a.v_pages = vp.data();
+    a.block_table = table.data();
+    a.page_size = ps;
+    a.n_heads = heads;
+    a.n_kv_heads = kv_heads;
+    a.head_dim = hd;
+    a.cached_len = cached;
+    a.scale = 0.125f;
+    for (int64_t g = 0; g < kv_heads; ++g) k->attention(a, g, 0, rows);
+    for (int64_t prefix_pages = 1; prefix_pages <= 6; ++prefix_pages) {
+      // The first prefix_pages logical pages copied, in order, into contiguous prefix pages.
+      std::vector<float> pk(prefix_pages * page_floats), pv(prefix_pages * page_floats);
+      for (int64_t p = 0; p < prefix_pages; ++p) {
+        std::copy_n(kp.data() + table[p] * page_floats, page_floats, pk.data() + p * page_floats);
+        std::copy_n(vp.data() + table[p] * page_floats, page_floats, pv.data() + p * page_floats);
+      }
+      PagedAttentionArgs b = a;
+      b.out = split.data();
+      b.block_table = table.data() + prefix_pages;
+      b.prefix_k_pages = pk.data();
+      b.prefix_v_pages = pv.data();
+      b.prefix_len = prefix_pages * ps;
+      for (int64_t g = 0; g < kv_heads; ++g) k->attention(b, g, 0, rows);
+      ASSERT_EQ(std::memcmp(whole.data(), split.data(), whole.size() * sizeof(float)), 0)
+          << k->isa << ", " << prefix_pages << " prefix pages";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace vericache::cpu

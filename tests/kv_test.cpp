@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include "kv/packed_page_pool.h"
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
 
@@ -256,6 +257,61 @@ TEST(SequenceKv, AssignKeptAppendRangeAndPositionRollbackAcrossPools) {
   full.release(*host);
   EXPECT_EQ(device->num_free(), 20);
   EXPECT_EQ(host->num_free(), 40);
+}
+
+TEST(PackedPagePool, AllocatesAllOrNothingAndRejectsBadSizes) {
+  EXPECT_EQ(PackedPagePool::create(4, 0).status().message(), "packed KV pages need at least one byte, got 0");
+  EXPECT_EQ(PackedPagePool::create(0, 64).status().message(),
+            "packed KV page count must be between 1 and 2^31-1, got 0");
+  auto pool = PackedPagePool::create(4, 100);
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->storage().sizes(), (at::IntArrayRef{4, 100}));
+  std::vector<int32_t> pages;
+  ASSERT_TRUE(pool->allocate(3, &pages).ok());
+  EXPECT_EQ(pool->allocate(2, &pages).message(), "packed KV page pool exhausted: 2 pages needed, 1 of 4 free");
+  EXPECT_EQ(pages.size(), 3u);
+  pool->release(pages);
+  EXPECT_EQ(pool->num_free(), 4);
+  EXPECT_EQ(pool->peak_in_use(), 3);
+}
+
+// A quantizer's cache: whole leading float pages move to packed pages (positions with them),
+// attention lengths count both parts, rollback stays in the float part, release returns both.
+TEST(SequenceKv, MoveFrontToPackedKeepsPositionsAndFreesFloatPages) {
+  auto host = PagePool::create(spec(), 40, at::kFloat, at::kCPU);
+  auto device = PagePool::create(spec(), 40, at::kFloat, at::kCPU);
+  auto packed = PackedPagePool::create(10, 8);
+  ASSERT_TRUE(host.ok() && device.ok() && packed.ok());
+  SequenceKv full(3);
+  ASSERT_TRUE(full.reserve(*host, 50).ok());
+  full.advance(50);
+  fill_slots(*host, full);
+  SequenceKv comp(3);
+  const at::Tensor all = at::arange(50, at::kLong).repeat({2, 1});
+  ASSERT_TRUE(comp.assign_kept(*device, full, *host, {all, all, all}).ok());
+  EXPECT_EQ(comp.pages_held(), 3 * 4);
+  std::vector<int32_t> pages;
+  ASSERT_TRUE(packed->allocate(2, &pages).ok());
+  comp.move_front_to_packed(*device, 1, pages);  // layer 1: slots 0-31 packed
+  EXPECT_EQ(comp.packed_length(1), 32);
+  EXPECT_EQ(comp.packed_length(0), 0);
+  EXPECT_EQ(comp.length(1), 18);
+  EXPECT_EQ(comp.total_length(1), 50);
+  EXPECT_EQ(comp.packed_table(1), pages);
+  EXPECT_EQ(comp.pages_held(), 3 * 4 - 2);
+  EXPECT_EQ(comp.packed_pages_held(), 2);
+  EXPECT_TRUE(at::equal(comp.packed_positions(1), at::arange(32, at::kLong).repeat({2, 1})));
+  EXPECT_EQ(comp.position(1, 1, 0), 32);  // float slot 0 now holds position 32, with its K/V
+  EXPECT_FLOAT_EQ(key_at(*device, comp, 1, 1, 0, 7), 1000.0f + 32 + 0.07f + 0.5f);
+  comp.truncate_positions(*device, 40);  // a rollback stays in the float part
+  EXPECT_EQ(comp.length(1), 8);
+  EXPECT_EQ(comp.total_length(1), 40);
+  comp.release_packed(*packed);
+  EXPECT_EQ(packed->num_free(), 10);
+  EXPECT_EQ(comp.packed_length(1), 0);
+  comp.release(*device);
+  full.release(*host);
+  EXPECT_EQ(device->num_free(), 40);
 }
 
 }  // namespace

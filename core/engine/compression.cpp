@@ -1,5 +1,7 @@
 #include "engine/compression.h"
 
+#include <ATen/ATen.h>
+
 #include <chrono>
 #include <numeric>
 #include <string>
@@ -37,6 +39,11 @@ Status apply_drops(const std::string& compressor, PagePool& pool, std::span<Sequ
 Status forward_with_compressor(const LlamaModel& model, std::span<const ForwardItem> batch, PagePool& pool,
                                at::Tensor* logits, Compressor& compressor, std::span<const double> ratios,
                                std::span<SequenceKv* const> caches) {
+  if (compressor.family() == CompressorFamily::kQuantization) {
+    return Status::not_supported(compressor.name() +
+                                 ": quantizers run inside the draft-verify engine only so far (vericache run, "
+                                 "bench-engine); this path does not pack their pages");
+  }
   std::vector<LayerDrops> drops;
   VC_RETURN_IF_ERROR(model.forward(batch, logits, compression_observer(compressor, ratios, &drops)));
   return apply_drops(compressor.name(), pool, caches, drops);
@@ -79,6 +86,49 @@ Status prefill_and_compress(const LlamaModel& model, PagePool& pool, Compressor&
     start = std::chrono::steady_clock::now();
     VC_RETURN_IF_ERROR(compress_offline(model, pool, compressor, ratio, prompt, request_id, kv, compressed));
     t.compress_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return Status();
+}
+
+Result<PackedFormat> checked_packed_format(Compressor& compressor, const KvPageSpec& spec) {
+  VC_ASSIGN_OR_RETURN(const PackedFormat f, compressor.packed_format(
+                                                KvLayout{spec.n_layers, spec.n_kv_heads, spec.head_dim, spec.page_size}));
+  const std::string who = compressor.name() + ": packed format: ";
+  if (f.bit_scheme != 2 && f.bit_scheme != 3 && f.bit_scheme != 4 && f.bit_scheme != 8) {
+    return Status::plugin_error(who + "bit_scheme must be 2, 3, 4 or 8, got " + std::to_string(f.bit_scheme));
+  }
+  if (f.bytes_per_page < 1) return Status::plugin_error(who + "bytes_per_page must be positive");
+  if (f.flush_slots < spec.page_size || f.flush_slots % spec.page_size != 0) {
+    return Status::plugin_error(who + "flush_slots (" + std::to_string(f.flush_slots) +
+                                ") must be a positive multiple of the page size " + std::to_string(spec.page_size));
+  }
+  return f;
+}
+
+Status pack_front(Compressor& compressor, const PackedFormat& format, PagePool& pool, PackedPagePool& packed,
+                  SequenceKv& kv) {
+  const int64_t ps = pool.spec().page_size;
+  for (int64_t l = 0; l < kv.n_layers(); ++l) {
+    const int64_t n = kv.length(l) / format.flush_slots * format.flush_slots;
+    if (n == 0) continue;
+    const int64_t n_pages = n / ps;
+    const std::vector<int32_t>& table = kv.block_table(l);
+    const at::Tensor ids = at::tensor(std::vector<int64_t>(table.begin(), table.begin() + n_pages), at::kLong);
+    const at::Tensor k = pool.k_pages().index_select(0, ids).contiguous();
+    const at::Tensor v = pool.v_pages().index_select(0, ids).contiguous();
+    at::Tensor positions = at::empty({pool.spec().n_kv_heads, n}, at::kLong);
+    for (int64_t h = 0; h < pool.spec().n_kv_heads; ++h) {
+      const std::vector<int64_t>& p = kv.slot_positions(l, h);
+      std::copy(p.begin(), p.begin() + n, positions[h].data_ptr<int64_t>());
+    }
+    std::vector<int32_t> pages;
+    VC_RETURN_IF_ERROR(packed.allocate(n_pages, &pages));
+    PackedPages dest{packed.storage(), pages, positions};
+    if (Status s = compressor.pack(l, k, v, dest); !s.ok()) {
+      packed.release(pages);
+      return s;
+    }
+    kv.move_front_to_packed(pool, l, pages);
   }
   return Status();
 }

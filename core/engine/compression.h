@@ -10,6 +10,7 @@
 
 #include <vericache/compressor.h>
 
+#include "kv/packed_page_pool.h"
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
 #include "model/llama_model.h"
@@ -26,7 +27,8 @@ Status apply_drops(const std::string& compressor, PagePool& pool, std::span<Sequ
                    const std::vector<LayerDrops>& drops);
 
 // One forward of `batch` with every layer handed to `compressor` (compression_observer) and the
-// drops it returns applied (apply_drops) once the forward is committed.
+// drops it returns applied (apply_drops) once the forward is committed. NotSupported for a
+// quantizer (only the draft-verify engine packs pages so far).
 Status forward_with_compressor(const LlamaModel& model, std::span<const ForwardItem> batch, PagePool& pool,
                                at::Tensor* logits, Compressor& compressor, std::span<const double> ratios,
                                std::span<SequenceKv* const> caches);
@@ -43,6 +45,19 @@ Status compute_kept(const LlamaModel& model, PagePool& pool, Compressor& compres
 Status compress_offline(const LlamaModel& model, PagePool& pool, Compressor& compressor, double ratio,
                         std::span<const int32_t> prompt, int64_t request_id, SequenceKv& kv,
                         CompressedKV* compressed = nullptr);
+
+// A quantizer's packed page for KV pages of `spec` (Compressor::packed_format), checked against the
+// contract: bit_scheme 2, 3, 4 or 8, bytes_per_page > 0, flush_slots a positive multiple of the page
+// size. Errors name the compressor.
+Result<PackedFormat> checked_packed_format(Compressor& compressor, const KvPageSpec& spec);
+
+// Quantizers: in every layer of `kv` (a compressed cache in `pool`), packs the leading float slots
+// in whole blocks of format.flush_slots through compressor.pack() into new pages of `packed`, then
+// frees their float pages (SequenceKv::move_front_to_packed). Call it only when every float slot is
+// committed (no drafts). On failure (the compressor's, or OutOfPages from `packed`) the failing
+// layer is left as it was and earlier layers stay packed: the cache stays valid.
+Status pack_front(Compressor& compressor, const PackedFormat& format, PagePool& pool, PackedPagePool& packed,
+                  SequenceKv& kv);
 
 struct CompressionTimes {
   double prefill_seconds = 0;   // the prefill forward, the compressor's update() work included

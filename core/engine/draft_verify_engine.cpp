@@ -99,19 +99,36 @@ DraftVerifyEngine::DraftVerifyEngine(const LlamaModel& model, PagePool& device_p
       device_pool_(device_pool),
       host_pool_(host_pool),
       options_(options),
-      clock_(options.clock != nullptr ? options.clock : &steady_clock_) {}
+      clock_(options.clock != nullptr ? options.clock : &steady_clock_) {
+  Compressor* c = options_.compressor;
+  if (c == nullptr || c->family() != CompressorFamily::kQuantization) return;
+  Result<PackedFormat> format = checked_packed_format(*c, device_pool_.spec());
+  if (!format.ok()) {
+    quantizer_status_ = format.status();
+    return;
+  }
+  packed_format_ = *format;
+  const int64_t pages = std::max<int64_t>(device_pool_.num_pages(PageKind::kResident), 1);
+  Result<PackedPagePool> pool = PackedPagePool::create(pages, packed_format_.bytes_per_page);
+  if (!pool.ok()) {
+    quantizer_status_ = pool.status();
+    return;
+  }
+  packed_pool_.emplace(std::move(*pool));
+}
 
 DraftVerifyEngine::~DraftVerifyEngine() {
   for (auto& r : active_) {
     if (r->ticket != 0) options_.transfer->wait(r->ticket);
     r->staged.release(device_pool_);
     r->full.release(host_pool_);
-    r->comp.release(device_pool_);
+    release_comp(*r);
     if (options_.compressor != nullptr) options_.compressor->release(r->id);
   }
 }
 
 Status DraftVerifyEngine::validate_options() const {
+  VC_RETURN_IF_ERROR(quantizer_status_);
   if (options_.draft_length < 1 || options_.draft_length > 1024) {
     return Status::invalid_argument("draft length must be in [1, 1024], got " + std::to_string(options_.draft_length));
   }
@@ -336,7 +353,7 @@ void DraftVerifyEngine::apply_schedule() {
 void DraftVerifyEngine::fall_back_to_full(Request& r, const Status& why) {
   if (r.result.compressor_failure.empty()) r.result.compressor_failure = why.message();
   r.full_only = true;
-  r.comp.release(device_pool_);
+  release_comp(r);
   r.window_rows.clear();
   r.dropped.clear();
   if (options_.compressor != nullptr) options_.compressor->release(r.id);
@@ -366,9 +383,15 @@ void DraftVerifyEngine::finish(Request& r) {
   const int64_t layers = model_.config().n_layers;
   r.result.metrics.generated_tokens = static_cast<int64_t>(r.result.generation.tokens.size());
   r.result.metrics.full_kv_slots = r.committed * layers;
-  for (int64_t l = 0; l < layers; ++l) r.result.metrics.resident_kv_slots += r.comp.length(l);
+  const int64_t slot_bytes = device_pool_.page_bytes() / device_pool_.spec().page_size;
+  const int64_t packed_slot_bytes = quantizer() ? packed_format_.bytes_per_page / device_pool_.spec().page_size : 0;
+  r.result.metrics.full_kv_bytes = r.result.metrics.full_kv_slots * slot_bytes;
+  for (int64_t l = 0; l < layers; ++l) {
+    r.result.metrics.resident_kv_slots += r.comp.total_length(l);
+    r.result.metrics.resident_kv_bytes += r.comp.length(l) * slot_bytes + r.comp.packed_length(l) * packed_slot_bytes;
+  }
   r.full.release(host_pool_);
-  r.comp.release(device_pool_);
+  release_comp(r);
   if (options_.compressor != nullptr) options_.compressor->release(r.id);
   totals_.add(r.result.metrics);
   finished_.push_back(std::move(r.result));
@@ -404,8 +427,8 @@ Status DraftVerifyEngine::build_compressed(Request& r) {
     kept = std::move(r.given_kept);
     const KvCacheView view = r.full.view(host_pool_);
     VC_RETURN_IF_ERROR(
-        check_compressed_kv(c != nullptr ? c->name() : "kept set", CompressedKV{kept, 0}, view.layout, view.lengths));
-  } else if (c == nullptr || r.external_prefill) {  // nothing ran the compressor: keep everything
+        check_compressed_kv(c != nullptr ? c->name() : "kept set", CompressedKV{kept}, view.layout, view.lengths));
+  } else if (c == nullptr || r.external_prefill || quantizer()) {  // nothing drops: keep everything
     const at::Tensor all = at::arange(n, at::kLong).unsqueeze(0).expand({spec.n_kv_heads, n}).contiguous();
     for (auto& k : kept) k = all;
   } else if (c->mode() == CompressionMode::kOffline) {
@@ -438,7 +461,16 @@ Status DraftVerifyEngine::build_compressed(Request& r) {
   // Admission reserved room for an uncompressed KV_comp, so this cannot run out of pages.
   const Status s = r.comp.assign_kept(device_pool_, r.full, host_pool_, kept);
   VC_CHECK(s.ok(), "building KV_comp: the admission reservation did not hold");
-  return Status();
+  return quantizer() ? pack_comp(r) : Status();
+}
+
+Status DraftVerifyEngine::pack_comp(Request& r) {
+  return pack_front(*options_.compressor, packed_format_, device_pool_, *packed_pool_, r.comp);
+}
+
+void DraftVerifyEngine::release_comp(Request& r) {
+  if (packed_pool_) r.comp.release_packed(*packed_pool_);
+  r.comp.release(device_pool_);
 }
 
 void DraftVerifyEngine::finish_prefill(Request& r, const float* logits) {
@@ -533,6 +565,9 @@ void DraftVerifyEngine::commit_window(Request& r, const float* rows) {
       r.window_rows.clear();
       if (!status.ok()) fall_back_to_full(r, status);
     }
+    if (quantizer() && !r.full_only) {
+      if (Status s = pack_comp(r); !s.ok()) fall_back_to_full(r, s);
+    }
   }
   r.committed = end;
   r.pending = v.next;
@@ -566,7 +601,8 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members, double sta
     } else if (r->phase == Phase::kDraft) {
       r->tokens = {r->drafts.empty() ? r->pending : r->drafts.back()};
       r->positions = {static_cast<int32_t>(r->committed + static_cast<int64_t>(r->drafts.size()))};
-      batch.push_back({r->tokens, r->positions, &r->comp, &device_pool_, LogitRows::kLast, r->id});
+      batch.push_back({r->tokens, r->positions, &r->comp, &device_pool_, LogitRows::kLast, r->id,
+                       packed_pool_ ? &*packed_pool_ : nullptr, quantizer() ? options_.compressor : nullptr});
       ++record.draft_items;
     } else {
       r->tokens.assign(1, r->pending);

@@ -55,6 +55,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -66,6 +67,7 @@
 #include "engine/engine_stats.h"
 #include "engine/generator.h"
 #include "engine/verification.h"
+#include "kv/packed_page_pool.h"
 #include "kv/page_pool.h"
 #include "kv/transfer_engine.h"
 #include "model/llama_model.h"
@@ -188,6 +190,11 @@ class DraftVerifyEngine {
   void apply_schedule();
   // Releases a done request's pages and compressor state and moves its result to the finished list.
   void finish(Request& r);
+  // Returns KV_comp's float and packed pages.
+  void release_comp(Request& r);
+  // A quantizer packs KV_comp's committed float slots in whole blocks (pack_front).
+  Status pack_comp(Request& r);
+  bool quantizer() const { return packed_pool_.has_value(); }
 
   const LlamaModel& model_;
   PagePool& device_pool_;
@@ -201,6 +208,11 @@ class DraftVerifyEngine {
   std::vector<EngineResult> finished_;
   RequestMetrics totals_;
   Status scheduler_status_;  // the first placement the scheduler refused
+  // A quantization compressor: its packed page format and the pool of packed pages of every
+  // KV_comp (as many pages as the device pool has resident pages: any float page may be packed).
+  PackedFormat packed_format_;
+  std::optional<PackedPagePool> packed_pool_;
+  Status quantizer_status_;  // why the quantizer cannot run (validate_options reports it)
 };
 
 }  // namespace vericache

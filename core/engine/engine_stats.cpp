@@ -26,6 +26,8 @@ void RequestMetrics::add(const RequestMetrics& o) {
   transfer_wait_seconds += o.transfer_wait_seconds;
   full_kv_slots += o.full_kv_slots;
   resident_kv_slots += o.resident_kv_slots;
+  full_kv_bytes += o.full_kv_bytes;
+  resident_kv_bytes += o.resident_kv_bytes;
 }
 
 }  // namespace vericache

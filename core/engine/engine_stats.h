@@ -34,6 +34,9 @@ struct RequestMetrics {
   double transfer_wait_seconds = 0;  // verify windows held back waiting for their KV_full copy
   int64_t full_kv_slots = 0;         // uncompressed cache length summed over layers, at the end
   int64_t resident_kv_slots = 0;     // compressed cache slots summed over layers, at the end
+  // Bytes those slots take: float slots at the page dtype, packed slots at their packed page's bytes.
+  int64_t full_kv_bytes = 0;
+  int64_t resident_kv_bytes = 0;
 
   double mean_acceptance_length() const {
     return drafts > 0 ? 1.0 + static_cast<double>(accepted_tokens) / static_cast<double>(drafts) : 0.0;

@@ -320,6 +320,36 @@ inline void silu_mul(const float* gate, const float* up, int64_t n, float* out) 
 // ordered 16-lane sum; out = (sum_j e_j v_j in slot order) / sum. Only the row's own length
 // enters, so neither the number of rows nor the tiling changes a bit.
 
+// The keys of 16 slots from `slot` on (a multiple of 16), channel-major with stride page_size, and
+// the value of one slot: in the prefix pages or in the paged cache.
+template <int HD>
+inline const float* key_block(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot) {
+  const float* pages = a.k_pages;
+  int64_t page = 0;
+  if (slot < a.prefix_len) {
+    pages = a.prefix_k_pages;
+    page = slot / a.page_size;
+  } else {
+    slot -= a.prefix_len;
+    page = a.block_table[slot / a.page_size];
+  }
+  return pages + ((page * a.n_kv_heads + kv_head) * HD) * a.page_size + slot % a.page_size;
+}
+
+template <int HD>
+inline const float* value_row(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot) {
+  const float* pages = a.v_pages;
+  int64_t page = 0;
+  if (slot < a.prefix_len) {
+    pages = a.prefix_v_pages;
+    page = slot / a.page_size;
+  } else {
+    slot -= a.prefix_len;
+    page = a.block_table[slot / a.page_size];
+  }
+  return pages + ((page * a.n_kv_heads + kv_head) * a.page_size + slot % a.page_size) * HD;
+}
+
 // Scores for T query vectors (rows x heads of one KV head) over slots [0, n_slots), in blocks of
 // 16 slots; a block never straddles pages because page_size is a multiple of 16.
 template <int HD, int T>
@@ -327,8 +357,7 @@ void attention_scores(const PagedAttentionArgs& a, int64_t kv_head, const float*
                       float* const* scores) {
   const Vec16 vscale = simd::set1(a.scale);
   for (int64_t s0 = 0; s0 < n_slots; s0 += simd::kLanes) {
-    const int64_t page = a.block_table[s0 / a.page_size];
-    const float* kt = a.k_pages + ((page * a.n_kv_heads + kv_head) * HD) * a.page_size + s0 % a.page_size;
+    const float* kt = key_block<HD>(a, kv_head, s0);
     Vec16 acc[T];
     for (int t = 0; t < T; ++t) acc[t] = simd::zero();
     for (int d = 0; d < HD; ++d) {
@@ -366,8 +395,7 @@ void attention_values(const PagedAttentionArgs& a, int64_t kv_head, int64_t len,
   for (int t = 0; t < NQ; ++t)
     for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::zero();
   for (int64_t j = 0; j < len; ++j) {
-    const int64_t page = a.block_table[j / a.page_size];
-    const float* vp = a.v_pages + ((page * a.n_kv_heads + kv_head) * a.page_size + j % a.page_size) * HD;
+    const float* vp = value_row<HD>(a, kv_head, j);
     Vec16 vv[kVecs];
     for (int v = 0; v < kVecs; ++v) vv[v] = simd::load(vp + v * simd::kLanes);
     for (int t = 0; t < NQ; ++t) {

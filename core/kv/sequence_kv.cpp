@@ -206,6 +206,8 @@ void SequenceKv::truncate(PagePool& pool, const std::vector<int64_t>& lengths) {
 }
 
 void SequenceKv::release(PagePool& pool) {
+  VC_CHECK(packed_pages_held() == 0, "release: return the packed pages first (release_packed)");
+  packed_.clear();
   for (auto& t : tables_) {
     pool.release(t);
     t.clear();
@@ -237,6 +239,8 @@ void SequenceKv::truncate_positions(PagePool& pool, int64_t end) {
   }
   std::vector<int64_t> lengths(lengths_);
   for (size_t l = 0; l < tables_.size(); ++l) {
+    VC_CHECK(packed_length(l) == 0 || packed_[l].positions[0].back() < end,
+             "truncate_positions: rolling back into packed slots");
     const auto& heads = slot_positions_[l];
     int64_t keep = lengths_[l];
     while (keep > 0 && heads[0][keep - 1] >= end) --keep;
@@ -317,6 +321,56 @@ Status SequenceKv::assign_kept(PagePool& pool, const SequenceKv& src, const Page
   }
   copy_slots(src_pool, from, pool, to);
   return Status();
+}
+
+const std::vector<int32_t>& SequenceKv::packed_table(int64_t layer) const {
+  static const std::vector<int32_t> kNone;
+  return packed_.empty() ? kNone : packed_[layer].table;
+}
+
+at::Tensor SequenceKv::packed_positions(int64_t layer) const {
+  if (packed_.empty()) return at::empty({0, 0}, at::kLong);
+  const auto& heads = packed_[layer].positions;
+  at::Tensor p = at::empty({static_cast<int64_t>(heads.size()), packed_[layer].length}, at::kLong);
+  for (size_t h = 0; h < heads.size(); ++h) std::copy(heads[h].begin(), heads[h].end(), p[h].data_ptr<int64_t>());
+  return p;
+}
+
+int64_t SequenceKv::packed_pages_held() const {
+  int64_t n = 0;
+  for (const PackedLayer& p : packed_) n += static_cast<int64_t>(p.table.size());
+  return n;
+}
+
+void SequenceKv::move_front_to_packed(PagePool& pool, int64_t layer, std::span<const int32_t> packed_pages) {
+  const int64_t ps = pool.spec().page_size, n_pages = static_cast<int64_t>(packed_pages.size());
+  const int64_t n = n_pages * ps;
+  VC_CHECK(compressed(), "move_front_to_packed: only a compressed sequence packs slots");
+  VC_CHECK(n <= lengths_[layer], "move_front_to_packed: packing slots that are not held");
+  if (packed_.empty()) {
+    packed_.resize(tables_.size());
+    for (PackedLayer& p : packed_) p.positions.resize(slot_positions_[0].size());
+  }
+  PackedLayer& p = packed_[layer];
+  p.table.insert(p.table.end(), packed_pages.begin(), packed_pages.end());
+  for (size_t h = 0; h < p.positions.size(); ++h) {
+    std::vector<int64_t>& from = slot_positions_[layer][h];
+    VC_CHECK(p.positions[h].empty() || from.empty() || p.positions[h].back() < from.front(),
+             "move_front_to_packed: packed slots must precede the float slots in position order");
+    p.positions[h].insert(p.positions[h].end(), from.begin(), from.begin() + n);
+    from.erase(from.begin(), from.begin() + n);
+  }
+  p.length += n;
+  pool.release(std::span<const int32_t>(tables_[layer]).first(n_pages));
+  tables_[layer].erase(tables_[layer].begin(), tables_[layer].begin() + n_pages);
+  lengths_[layer] -= n;
+}
+
+void SequenceKv::release_packed(PackedPagePool& packed) {
+  for (PackedLayer& p : packed_) {
+    packed.release(p.table);
+    p = PackedLayer{{}, std::vector<std::vector<int64_t>>(p.positions.size()), 0};
+  }
 }
 
 }  // namespace vericache

@@ -14,6 +14,12 @@
 // sequence is "compressed": each slot records its original position per KV head, new tokens are
 // appended with the positions the forward ran them at (the uncompressed length onwards).
 //
+// Quantization: a quantizer's cache keeps its oldest slots of each layer packed, in pages of a
+// PackedPagePool, ahead of its float slots. move_front_to_packed() hands a whole number of leading
+// float pages over to packed pages the caller has filled (engine/compression.h: pack_front). Every
+// float-slot call here (length, block_table, truncate, positions, ...) counts float slots only;
+// total_length() counts both. Packed slots are committed tokens: rollback never reaches them.
+//
 // Copies between caches (append_range, assign_kept) may cross pools and devices: they build the
 // compressed cache from the full one after prefill, and carry verified K/V from the full cache
 // into the compressed one after a verify window.
@@ -32,6 +38,7 @@
 #include <vericache/kv_view.h>
 #include <vericache/status.h>
 
+#include "kv/packed_page_pool.h"
 #include "kv/page_pool.h"
 
 namespace vericache {
@@ -98,7 +105,22 @@ class SequenceKv {
   Status drop(PagePool& pool, int64_t layer, const at::Tensor& positions);
 
   // The pass-through view a plugin reads (see vericache/kv_view.h); borrows this and the pool.
+  // Float slots only.
   KvCacheView view(PagePool& pool) const;
+
+  // Packed slots of `layer` (they precede its float slots), their pages and original positions.
+  int64_t packed_length(int64_t layer) const { return packed_.empty() ? 0 : packed_[layer].length; }
+  const std::vector<int32_t>& packed_table(int64_t layer) const;
+  at::Tensor packed_positions(int64_t layer) const;  // int64 [n_kv_heads, packed_length(layer)]
+  int64_t total_length(int64_t layer) const { return packed_length(layer) + length(layer); }
+  int64_t packed_pages_held() const;
+  // Moves the first `packed_pages.size()` float pages of `layer` (whole pages of held slots of a
+  // compressed sequence) to the end of the packed part: `packed_pages` (filled by the caller with
+  // those slots, in order) join the packed table with the slots' positions, the float pages return
+  // to `pool` and the remaining float slots move to the front (whole pages: nothing is copied).
+  void move_front_to_packed(PagePool& pool, int64_t layer, std::span<const int32_t> packed_pages);
+  // Returns every packed page to `packed`; release() checks this was done first.
+  void release_packed(PackedPagePool& packed);
 
  private:
   std::vector<std::vector<int32_t>> tables_;
@@ -106,6 +128,12 @@ class SequenceKv {
   // Compressed only: [n_layers][n_kv_heads][slot] original position; empty for a full cache.
   std::vector<std::vector<std::vector<int64_t>>> slot_positions_;
   PageKind kind_ = PageKind::kResident;
+  struct PackedLayer {
+    std::vector<int32_t> table;                   // packed pages in slot order
+    std::vector<std::vector<int64_t>> positions;  // [n_kv_heads][slot]
+    int64_t length = 0;
+  };
+  std::vector<PackedLayer> packed_;  // [n_layers] once a layer is packed; empty before
 
   void make_compressed(int64_t n_kv_heads);
   // Moves slot from_slots[h][j] to slot j for every head h of `layer`, sets the layer's length to

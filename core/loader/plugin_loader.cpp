@@ -56,7 +56,8 @@ Result<PluginInfo> validate(const std::string& path, const Library& lib) {
   if (d == nullptr) return Status::plugin_error("plugins: " + path + ": " + kDescriptorSymbol + " returned null");
   if (d->abi_version != VC_PLUGIN_ABI_VERSION) {
     return Status::plugin_error("plugins: " + path + ": incompatible ABI (plugin: " + std::to_string(d->abi_version) +
-                                ", core: " + std::to_string(VC_PLUGIN_ABI_VERSION) + ")");
+                                ", core: " + std::to_string(VC_PLUGIN_ABI_VERSION) +
+                                "); rebuild the plugin against this VeriCache's headers");
   }
   const std::string torch = d->torch_version != nullptr ? d->torch_version : "?";
   if (torch != TORCH_VERSION) {

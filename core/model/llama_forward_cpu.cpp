@@ -93,8 +93,28 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     page_size[i] = batch[i].pool->spec().page_size;
   }
 
+  // Quantized caches: each layer's packed slots are unpacked into float pages that attention reads
+  // ahead of the cache's float pages (PagedAttentionArgs::prefix_*), one layer at a time.
+  std::vector<at::Tensor> prefix_k(batch.size()), prefix_v(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    int64_t most = 0;
+    for (int64_t l = 0; l < c.n_layers; ++l) most = std::max(most, batch[i].kv->packed_length(l));
+    if (most == 0) continue;
+    const int64_t pages = most / page_size[i];
+    prefix_k[i] = at::empty({pages, nkv, hd, page_size[i]}, at::kFloat);
+    prefix_v[i] = at::empty({pages, nkv, page_size[i], hd}, at::kFloat);
+  }
+
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const Layer& L = layers_[l];
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const SequenceKv& kv = *batch[i].kv;
+      if (kv.packed_length(l) == 0) continue;
+      const int64_t pages = kv.packed_length(l) / page_size[i];
+      const PackedPages src{batch[i].packed_pool->storage(), kv.packed_table(l), kv.packed_positions(l)};
+      at::Tensor k_out = prefix_k[i].narrow(0, 0, pages), v_out = prefix_v[i].narrow(0, 0, pages);
+      VC_RETURN_IF_ERROR(batch[i].unpacker->unpack(l, src, k_out, v_out));
+    }
     parallel_rms_norm(k, x.data(), rows, d, L.attn_norm, eps, h.data());
     parallel_linear(k, h.data(), d, rows, L.wqkv.view, qkv.data(), qkv_width);
     if (L.bqkv.defined()) {
@@ -153,7 +173,12 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
         a.n_heads = nh;
         a.n_kv_heads = nkv;
         a.head_dim = hd;
-        a.cached_len = kv.length(l);
+        a.cached_len = kv.total_length(l);
+        if (kv.packed_length(l) > 0) {
+          a.prefix_k_pages = prefix_k[job.item].data_ptr<float>();
+          a.prefix_v_pages = prefix_v[job.item].data_ptr<float>();
+          a.prefix_len = kv.packed_length(l);
+        }
         a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
         k.attention(a, job.kv_head, job.row0, job.row1);
       }

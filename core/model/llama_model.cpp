@@ -356,6 +356,15 @@ Status LlamaModel::validate(std::span<const ForwardItem> batch) const {
                                         std::to_string(config_.context_length) + " tokens");
       }
     }
+    if (item.kv->packed_pages_held() > 0) {
+      if (item.packed_pool == nullptr || item.unpacker == nullptr) {
+        return Status::invalid_argument(where + "its KV cache has packed slots: it needs their packed page pool and "
+                                        "the compressor that unpacks them");
+      }
+      if (path_ != ForwardPath::kCpuKernels) {
+        return Status::not_supported(where + "a KV cache with packed slots is read by the CPU kernels only");
+      }
+    }
     for (size_t j = 0; j < i; ++j) {
       if (batch[j].kv == item.kv) return Status::invalid_argument(where + "shares its KV cache with request " + std::to_string(j));
     }

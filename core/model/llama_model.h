@@ -73,6 +73,10 @@ struct ForwardItem {
   PagePool* pool = nullptr;            // holds kv's pages (on the model's device and dtype)
   LogitRows logits = LogitRows::kLast;
   int64_t request_id = 0;              // reported to compressors in LayerActivations
+  // A quantized cache (kv has packed slots, CPU kernels only): the pool holding its packed pages
+  // and the compressor that packed them, whose unpack() gives attention their K/V each layer.
+  const PackedPagePool* packed_pool = nullptr;
+  Compressor* unpacker = nullptr;
 };
 
 // Called after each layer's attention with that layer's activations for the whole batch

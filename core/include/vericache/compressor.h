@@ -4,6 +4,10 @@
 // a layer, counts free across layers) and quantization (a uniform bit_scheme, packed in pages).
 // Modes: offline (compress() once after prefill; may run extra forwards through ModelAccess) and
 // online (update() after each layer's forward returns drops to apply).
+// Quantizers describe their packed page (packed_format()); the runtime moves committed slots into
+// packed pages through pack() in blocks of PackedFormat::flush_slots, and attention reads them
+// through unpack(). Slots past the last full block stay in float pages: the full-precision residual,
+// which also holds the tokens being drafted, so a rejected draft never touches a packed page.
 // The ratio c is always the kept fraction: KV_comp = c * KV_full.
 //
 // Rules every plugin follows (CompressorBase enforces the first):
@@ -34,13 +38,30 @@ enum class Scenario : uint32_t { kLongContext = 1, kRemotePrefix = 2 };
 const char* family_name(CompressorFamily family);  // "token-dropping", "quantization"
 const char* mode_name(CompressionMode mode);        // "offline", "online"
 
-// The result of compressing one request's cache.
+// The result of compressing one request's cache (token dropping).
 struct CompressedKV {
-  // Token dropping: [n_layers] int64 [n_kv_heads, n_kept(layer)], each row strictly increasing
-  // positions in [0, full length). Quantization: empty.
+  // [n_layers] int64 [n_kv_heads, n_kept(layer)], each row strictly increasing positions in
+  // [0, full length).
   std::vector<at::Tensor> kept;
-  // Quantization: bits per stored element, the same everywhere; 0 for full precision.
-  int bit_scheme = 0;
+};
+
+// A quantizer's packed page: `page_size` slots of one layer (every KV head, keys and values) in
+// `bytes_per_page` bytes, laid out as the compressor chooses (codes, scales, zero points, kept
+// full-precision values). The runtime packs a layer's oldest committed float slots in blocks of
+// `flush_slots` (a positive multiple of the page size) as soon as a whole block is committed.
+struct PackedFormat {
+  int bit_scheme = 0;          // bits per stored code, the same everywhere (2, 3, 4 or 8)
+  int64_t bytes_per_page = 0;  // > 0
+  int64_t flush_slots = 0;
+};
+
+// Packed pages of one layer of one request, in slot order, as pack() fills them and unpack() reads
+// them. `storage` is the packed pool, uint8 [num_packed_pages, bytes_per_page]; only the listed
+// pages belong to this call.
+struct PackedPages {
+  at::Tensor storage;
+  std::span<const int32_t> pages;
+  at::Tensor positions;  // int64 [n_kv_heads, pages.size() * page_size] the slots' original positions
 };
 
 // What one layer's forward exposes, for every request in the batch (rows concatenated; request i
@@ -136,9 +157,18 @@ class Compressor {
   // arrives empty; `kept` tensors may be on any device. The view and `model` are valid for this
   // call only.
   virtual Status compress(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) noexcept = 0;
-  // Prepares what attention reads for `layer` of a compressed cache. Token dropping: nothing to do
-  // (attention reads the compacted pages). Quantization: dequantize into the view's pages.
-  virtual Status decompress(const CompressedKV& compressed, int64_t layer, KvCacheView& pages) noexcept = 0;
+  // Quantization family (the others return NotSupported): the packed page for `layout` (its
+  // page_size is the runtime's). Called once after attach(); InvalidArgument when the layout does
+  // not fit the parameters (a group that does not divide head_dim or the page).
+  virtual Result<PackedFormat> packed_format(const KvLayout& layout) noexcept = 0;
+  // Packs slots of `layer` into `dest.pages`: `k` float32 [pages, n_kv_heads, head_dim, page_size]
+  // (keys after RoPE at dest.positions) and `v` float32 [pages, n_kv_heads, page_size, head_dim],
+  // the float pages' own layout (CPU, contiguous). Pure in the slots' values and positions: the same
+  // slots always pack to the same bytes.
+  virtual Status pack(int64_t layer, const at::Tensor& k, const at::Tensor& v, PackedPages& dest) noexcept = 0;
+  // What attention reads for packed slots: fills `k` and `v` (shapes as in pack(), preallocated)
+  // with the dequantized keys (after RoPE at src.positions) and values.
+  virtual Status unpack(int64_t layer, const PackedPages& src, at::Tensor& k, at::Tensor& v) noexcept = 0;
   // Forgets per-request state: after an offline compress(), and when the request finishes. Request
   // ids are reused across runs; releasing an id the compressor never saw is a no-op.
   virtual void release(int64_t request_id) noexcept = 0;
@@ -165,8 +195,20 @@ class CompressorBase : public Compressor {
   Status compress(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) noexcept final {
     return guard([&] { return compress_impl(full_kv, ratio, model, out); });
   }
-  Status decompress(const CompressedKV& compressed, int64_t layer, KvCacheView& pages) noexcept final {
-    return guard([&] { return decompress_impl(compressed, layer, pages); });
+  Result<PackedFormat> packed_format(const KvLayout& layout) noexcept final {
+    Result<PackedFormat> out = Status::not_supported(name_ + ": not a quantizer (no packed pages)");
+    const Status s = guard([&] {
+      out = packed_format_impl(layout);
+      return out.status();
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+  Status pack(int64_t layer, const at::Tensor& k, const at::Tensor& v, PackedPages& dest) noexcept final {
+    return guard([&] { return pack_impl(layer, k, v, dest); });
+  }
+  Status unpack(int64_t layer, const PackedPages& src, at::Tensor& k, at::Tensor& v) noexcept final {
+    return guard([&] { return unpack_impl(layer, src, k, v); });
   }
   void release(int64_t request_id) noexcept final {
     try {
@@ -176,13 +218,22 @@ class CompressorBase : public Compressor {
   }
 
  protected:
-  // Defaults: accept any model, observe nothing, compress nothing (NotSupported), decompress nothing.
+  // Defaults: accept any model, observe nothing, compress nothing (NotSupported), no packed pages
+  // (NotSupported).
   virtual Status attach_impl(const ModelShape&) { return Status(); }
   virtual Status update_impl(const LayerActivations&, std::vector<LayerDrops>*) { return Status(); }
   virtual Status compress_impl(const KvCacheView&, double, ModelAccess&, CompressedKV*) {
     return Status::not_supported(name_ + ": this compressor has no offline compress()");
   }
-  virtual Status decompress_impl(const CompressedKV&, int64_t, KvCacheView&) { return Status(); }
+  virtual Result<PackedFormat> packed_format_impl(const KvLayout&) {
+    return Status::not_supported(name_ + ": not a quantizer (no packed pages)");
+  }
+  virtual Status pack_impl(int64_t, const at::Tensor&, const at::Tensor&, PackedPages&) {
+    return Status::not_supported(name_ + ": not a quantizer (no packed pages)");
+  }
+  virtual Status unpack_impl(int64_t, const PackedPages&, at::Tensor&, at::Tensor&) {
+    return Status::not_supported(name_ + ": not a quantizer (no packed pages)");
+  }
   virtual void release_impl(int64_t) {}
 
  private:

@@ -1,0 +1,205 @@
+// KIVI (Liu et al., "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache", ICML 2024), as
+// jy-yuan/KIVI quantizes: asymmetric min-max round-to-nearest, keys per channel over groups of
+// `group_size` consecutive tokens (after RoPE), values per token over groups of `group_size`
+// channels; float16 scale and minimum per group; the newest tokens stay in full precision and are
+// quantized in blocks of `residual_length` tokens once a block is complete (a block, never one
+// token at a time: one-token key groups would have min = max). See README.md for the page layout
+// and where this differs from the reference.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <vericache/plugin_abi.h>
+
+#include "../common/packed_bits.h"
+#include "../common/plugin_support.h"
+
+namespace vericache::plugin {
+namespace {
+
+// Where things live in one packed page of P slots, H KV heads, d channels, b bits, groups of G:
+//   key codes     [H][d][P]  b bits each (channel-major: a key group runs along a channel)
+//   value codes   [H][P][d]  b bits each
+//   key groups    H*d*P/G (scale, min) float16 pairs: the layer's key groups, ordered
+//                 (token group, head, channel), are striped over its packed pages in slot order
+//   value groups  [P][H][d/G] (scale, min) float16 pairs
+struct PageLayout {
+  int64_t slots = 0, heads = 0, dim = 0, group = 0;
+  int bits = 0;
+  int64_t key_codes = 0, value_codes = 0, key_groups = 0, value_groups = 0;  // byte offsets
+  int64_t key_groups_per_page = 0, bytes = 0;
+
+  PageLayout(int64_t page_size, int64_t n_kv_heads, int64_t head_dim, int64_t group_size, int b)
+      : slots(page_size), heads(n_kv_heads), dim(head_dim), group(group_size), bits(b) {
+    const int64_t codes = packed_code_bytes(slots * heads * dim, bits);
+    value_codes = codes;
+    key_groups = 2 * codes;
+    key_groups_per_page = heads * dim * slots / group;
+    value_groups = key_groups + 4 * key_groups_per_page;
+    bytes = value_groups + 4 * (slots * heads * (dim / group));
+  }
+};
+
+void put_group(uint8_t* at, const MinMaxGroup& g) { std::memcpy(at, &g, sizeof g); }
+MinMaxGroup get_group(const uint8_t* at) {
+  MinMaxGroup g;
+  std::memcpy(&g, at, sizeof g);
+  return g;
+}
+static_assert(sizeof(MinMaxGroup) == 4, "two float16 values");
+
+class Kivi : public CompressorBase {
+ public:
+  Kivi(int bits, int64_t group, int64_t residual)
+      : CompressorBase("kivi", CompressorFamily::kQuantization, CompressionMode::kOnline, kAllScenarios),
+        bits_(bits),
+        group_(group),
+        residual_(residual) {}
+
+ protected:
+  Result<PackedFormat> packed_format_impl(const KvLayout& layout) override {
+    if (layout.head_dim % group_ != 0) {
+      return Status::invalid_argument("'group_size' (" + std::to_string(group_) + ") must divide the head dimension " +
+                                      std::to_string(layout.head_dim) + " (values are grouped along channels)");
+    }
+    if (residual_ % layout.page_size != 0) {
+      return Status::invalid_argument("'residual_length' (" + std::to_string(residual_) +
+                                      ") must be a multiple of the KV page size " + std::to_string(layout.page_size));
+    }
+    layout_.emplace(layout.page_size, layout.n_kv_heads, layout.head_dim, group_, bits_);
+    return PackedFormat{bits_, layout_->bytes, residual_};
+  }
+
+  Status pack_impl(int64_t, const at::Tensor& k, const at::Tensor& v, PackedPages& dest) override {
+    const PageLayout& L = *layout_;
+    const int64_t n_pages = static_cast<int64_t>(dest.pages.size());
+    if (k.size(0) != n_pages || (n_pages * L.slots) % group_ != 0) {
+      return Status::internal("pack: a block must be whole pages and whole key groups");
+    }
+    const float* kp = k.data_ptr<float>();  // [pages][H][d][P]
+    const float* vp = v.data_ptr<float>();  // [pages][H][P][d]
+    uint8_t* storage = dest.storage.data_ptr<uint8_t>();
+    auto page = [&](int64_t j) { return storage + static_cast<int64_t>(dest.pages[j]) * L.bytes; };
+    for (int64_t j = 0; j < n_pages; ++j) std::memset(page(j), 0, L.key_groups);  // codes are OR-ed in
+
+    // Keys: per (token group, head, channel), G consecutive slots, possibly across pages.
+    const int64_t token_groups = n_pages * L.slots / L.group;
+    for (int64_t g = 0; g < token_groups; ++g) {
+      for (int64_t h = 0; h < L.heads; ++h) {
+        for (int64_t c = 0; c < L.dim; ++c) {
+          float lo = INFINITY, hi = -INFINITY;
+          for (int64_t t = g * L.group; t < (g + 1) * L.group; ++t) {
+            const float x = kp[((t / L.slots * L.heads + h) * L.dim + c) * L.slots + t % L.slots];
+            lo = std::min(lo, x);
+            hi = std::max(hi, x);
+          }
+          const MinMaxGroup q = MinMaxGroup::fit(lo, hi, bits_);
+          const int64_t index = (g * L.heads + h) * L.dim + c;
+          put_group(page(index / L.key_groups_per_page) + L.key_groups + 4 * (index % L.key_groups_per_page), q);
+          for (int64_t t = g * L.group; t < (g + 1) * L.group; ++t) {
+            const int64_t within = (h * L.dim + c) * L.slots + t % L.slots;
+            put_code(page(t / L.slots), within, bits_, q.code(kp[(t / L.slots * L.heads * L.dim) * L.slots + within], bits_));
+          }
+        }
+      }
+    }
+
+    // Values: per (slot, head, channel group).
+    const int64_t groups = L.dim / L.group;
+    for (int64_t j = 0; j < n_pages; ++j) {
+      for (int64_t t = 0; t < L.slots; ++t) {
+        for (int64_t h = 0; h < L.heads; ++h) {
+          for (int64_t gc = 0; gc < groups; ++gc) {
+            const int64_t first = (h * L.slots + t) * L.dim + gc * L.group;
+            const float* x = vp + j * L.heads * L.slots * L.dim + first;
+            float lo = INFINITY, hi = -INFINITY;
+            for (int64_t c = 0; c < L.group; ++c) {
+              lo = std::min(lo, x[c]);
+              hi = std::max(hi, x[c]);
+            }
+            const MinMaxGroup q = MinMaxGroup::fit(lo, hi, bits_);
+            put_group(page(j) + L.value_groups + 4 * ((t * L.heads + h) * groups + gc), q);
+            for (int64_t c = 0; c < L.group; ++c) put_code(page(j) + L.value_codes, first + c, bits_, q.code(x[c], bits_));
+          }
+        }
+      }
+    }
+    return Status();
+  }
+
+  Status unpack_impl(int64_t, const PackedPages& src, at::Tensor& k, at::Tensor& v) override {
+    const PageLayout& L = *layout_;
+    const auto n_pages = static_cast<int64_t>(src.pages.size());
+    const uint8_t* storage = src.storage.data_ptr<uint8_t>();
+    float* kp = k.data_ptr<float>();
+    float* vp = v.data_ptr<float>();
+    const int64_t groups = L.dim / L.group;
+    at::parallel_for(0, n_pages, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t j = p0; j < p1; ++j) {
+        const uint8_t* page = storage + static_cast<int64_t>(src.pages[j]) * L.bytes;
+        float* kj = kp + j * L.heads * L.dim * L.slots;
+        for (int64_t h = 0; h < L.heads; ++h) {
+          for (int64_t c = 0; c < L.dim; ++c) {
+            for (int64_t t = 0; t < L.slots; ++t) {
+              const int64_t g = (j * L.slots + t) / L.group;
+              const int64_t index = (g * L.heads + h) * L.dim + c;
+              const MinMaxGroup q = get_group(storage +
+                                              static_cast<int64_t>(src.pages[index / L.key_groups_per_page]) * L.bytes +
+                                              L.key_groups + 4 * (index % L.key_groups_per_page));
+              const int64_t within = (h * L.dim + c) * L.slots + t;
+              kj[within] = q.value(get_code(page, within, bits_));
+            }
+          }
+        }
+        float* vj = vp + j * L.heads * L.slots * L.dim;
+        for (int64_t t = 0; t < L.slots; ++t) {
+          for (int64_t h = 0; h < L.heads; ++h) {
+            for (int64_t gc = 0; gc < groups; ++gc) {
+              const MinMaxGroup q = get_group(page + L.value_groups + 4 * ((t * L.heads + h) * groups + gc));
+              const int64_t first = (h * L.slots + t) * L.dim + gc * L.group;
+              for (int64_t c = 0; c < L.group; ++c) vj[first + c] = q.value(get_code(page + L.value_codes, first + c, bits_));
+            }
+          }
+        }
+      }
+    });
+    return Status();
+  }
+
+ private:
+  int bits_;
+  int64_t group_;
+  int64_t residual_;
+  std::optional<PageLayout> layout_;  // set by packed_format()
+};
+
+Status make_kivi(const std::string& json, std::unique_ptr<Compressor>* out) {
+  ParamReader p(json);
+  const auto bits = static_cast<int>(p.integer("bits", 2, 2, 8));
+  const int64_t group = p.integer("group_size", 32, 1, 4096);
+  const int64_t residual = p.integer("residual_length", 32, 1, 1 << 20);
+  VC_RETURN_IF_ERROR(p.finish());
+  if (bits != 2 && bits != 3 && bits != 4 && bits != 8) {
+    return Status::invalid_argument("'bits' must be 2, 3, 4 or 8, got " + std::to_string(bits));
+  }
+  if (residual % group != 0) {
+    return Status::invalid_argument("'residual_length' (" + std::to_string(residual) +
+                                    ") must be a multiple of 'group_size' (" + std::to_string(group) +
+                                    "): keys are quantized in whole groups of tokens");
+  }
+  *out = std::make_unique<Kivi>(bits, group, residual);
+  return Status();
+}
+
+}  // namespace
+}  // namespace vericache::plugin
+
+VC_EXPORT_COMPRESSOR("kivi",
+                     "KIVI asymmetric quantization: keys per channel, values per token, full-precision residual "
+                     "(jy-yuan/KIVI); parameters: bits (2), group_size (32), residual_length (32)",
+                     vericache::CompressorFamily::kQuantization, vericache::CompressionMode::kOnline,
+                     vericache::kAllScenarios, vericache::plugin::make_kivi)
