@@ -7,6 +7,8 @@
 // Per context, one prompt is cut from the text and prefilled once with every compressor observing
 // it; each (compressor, c) keeps its set from that prefill. The full-KV greedy continuation the KL
 // follows is also what every VeriCache run is checked against, token for token.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
@@ -55,7 +57,8 @@ struct Row {
   int64_t prompt_tokens = 0;
   std::string compressor;
   double ratio = 0;
-  double kept_fraction = 0;
+  double kept_fraction = 0;  // a quantizer: resident bytes over full-precision bytes, at the end
+  int bits = 0;              // a quantizer's bit width; 0 for token dropping
   RequestMetrics metrics;
   std::vector<DivergenceStep> divergence;
   int64_t mismatches = 0;
@@ -87,6 +90,7 @@ void print(const Row& r, int64_t x, bool json, const LlamaModel& m) {
                        {"compressor", r.compressor},
                        {"ratio", r.ratio},
                        {"kept_fraction", r.kept_fraction},
+                       {"bits", r.bits},
                        {"draft_length", x},
                        {"mean_acceptance_length", r.metrics.mean_acceptance_length()},
                        {"acceptance_rate", r.metrics.acceptance_rate()},
@@ -134,7 +138,7 @@ int run_bench_acceptance(int argc, char** argv) {
      "ask this about the text in a chat-template user message (the model answers) instead of letting it continue "
      "the raw text; the text is cut so the prompt holds about C tokens")
     ("compressors", po::value(&compressors_arg)->default_value("snapkv,expected_attention,kvzip"),
-     "comma-separated offline compressors")
+     "comma-separated offline compressors or quantizers (one row per context: a quantizer keeps every token)")
     ("params", po::value(&params_args)->composing(),
      "NAME=JSON: parameters of one compressor, e.g. kvzip='{\"chunk_size\": 128}' (repeatable)")
     ("ratios", po::value(&ratios_arg)->default_value("0.1,0.25,0.5"), "comma-separated kept fractions c")
@@ -219,25 +223,42 @@ int run_bench_acceptance(int argc, char** argv) {
     if (!compressed_pool.ok()) return report_error(compressed_pool.status());
 
     for (const std::shared_ptr<Compressor>& compressor : *compressors) {
+      // A quantizer keeps every token (one row per context, whatever --ratios says); its cache is
+      // packed as the engine packs one.
+      const bool quantizer = compressor->family() == CompressorFamily::kQuantization;
+      PackedFormat format;
+      if (quantizer) {
+        auto f = checked_packed_format(*compressor, compressed_pool->spec());
+        if (!f.ok()) return report_error(f.status());
+        format = *f;
+      }
+      const std::vector<double> row_ratios = quantizer ? std::vector<double>{1.0} : ratios;
       // Every kept set first: the engine releases the compressor's state of the request it finishes.
-      std::vector<CompressedKV> kept_sets(ratios.size());
-      for (size_t i = 0; i < ratios.size(); ++i) {
+      std::vector<CompressedKV> kept_sets(row_ratios.size());
+      for (size_t i = 0; i < row_ratios.size(); ++i) {
+        if (quantizer) {
+          const at::Tensor all = at::arange(n, at::kLong).unsqueeze(0).expand({m.config().n_kv_heads, n}).contiguous();
+          kept_sets[i].kept.assign(layers, all);
+          continue;
+        }
         std::fprintf(stderr, "[bench-acceptance] context %lld: %s compress at c = %.2f\n",
-                     static_cast<long long>(context), compressor->name().c_str(), ratios[i]);
-        if (Status s = compute_kept(m, *base_pool, *compressor, ratios[i], prompt, 0, base, &kept_sets[i]); !s.ok()) {
+                     static_cast<long long>(context), compressor->name().c_str(), row_ratios[i]);
+        if (Status s = compute_kept(m, *base_pool, *compressor, row_ratios[i], prompt, 0, base, &kept_sets[i]); !s.ok()) {
           return report_error(s);
         }
       }
       compressor->release(0);
-      for (size_t i = 0; i < ratios.size(); ++i) {
-        const double ratio = ratios[i];
+      for (size_t i = 0; i < row_ratios.size(); ++i) {
+        const double ratio = row_ratios[i];
         const CompressedKV& kept = kept_sets[i];
         std::fprintf(stderr, "[bench-acceptance] context %lld: %s at c = %.2f: KL and VeriCache\n",
                      static_cast<long long>(context), compressor->name().c_str(), ratio);
         Row row;
         row.context = context;
         row.prompt_tokens = static_cast<int64_t>(prompt.size());
-        row.compressor = compressor->name();
+        row.compressor = quantizer ? compressor->name() + " " + std::to_string(format.bit_scheme) + "-bit"
+                                   : compressor->name();
+        row.bits = quantizer ? format.bit_scheme : 0;
         row.ratio = ratio;
         int64_t kept_slots = 0;
         for (const at::Tensor& k : kept.kept) kept_slots += k.size(1);
@@ -247,7 +268,18 @@ int run_bench_acceptance(int argc, char** argv) {
         if (Status s = compressed.assign_kept(*compressed_pool, base, *base_pool, kept.kept); !s.ok()) {
           return report_error(s);
         }
-        auto divergence = divergence_along(m, reference, *compressed_pool, compressed, n);
+        Result<std::vector<DivergenceStep>> divergence = Status::internal("not measured");
+        if (quantizer) {
+          auto packed_pool = PackedPagePool::create(cache_pages, format.bytes_per_page);
+          if (!packed_pool.ok()) return report_error(packed_pool.status());
+          const Packing packing{compressor.get(), format, &*packed_pool};
+          const Status s = pack_front(*compressor, format, *compressed_pool, *packed_pool, compressed);
+          divergence = s.ok() ? divergence_along(m, reference, *compressed_pool, compressed, n, nullptr, 1.0, &packing)
+                              : Result<std::vector<DivergenceStep>>(s);
+          compressed.release_packed(*packed_pool);
+        } else {
+          divergence = divergence_along(m, reference, *compressed_pool, compressed, n);
+        }
         compressed.release(*compressed_pool);
         if (!divergence.ok()) return report_error(divergence.status());
         row.divergence = std::move(*divergence);
@@ -277,6 +309,10 @@ int run_bench_acceptance(int argc, char** argv) {
         }
         total_mismatches += row.mismatches;
         row.metrics = engine.totals();
+        if (quantizer) {
+          row.kept_fraction = static_cast<double>(row.metrics.resident_kv_bytes) /
+                              static_cast<double>(std::max<int64_t>(row.metrics.full_kv_bytes, 1));
+        }
         print(row, draft_length, json, m);
       }
     }

@@ -44,7 +44,7 @@ int run_bench_engine(int argc, char** argv) {
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from")
     ("contexts", po::value(&contexts_arg)->default_value("2048,8000"), "comma-separated prompt lengths in tokens")
     ("batches", po::value(&batches_arg)->default_value("1,8"), "comma-separated batch sizes")
-    ("compressors", po::value(&compressors_arg)->default_value("kvzip,snapkv"), "comma-separated offline compressors")
+    ("compressors", po::value(&compressors_arg)->default_value("kvzip,snapkv"), "comma-separated offline compressors or quantizers (the engine packs a quantizer's cache)")
     ("params", po::value(&params_args)->composing(),
      "NAME=JSON: parameters of one compressor, e.g. kvzip='{\"chunk_size\": 128}' (repeatable)")
     ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c")
@@ -113,6 +113,7 @@ int run_bench_engine(int argc, char** argv) {
       std::fprintf(stderr, "[bench-engine] context %lld: %s compress\n", static_cast<long long>(context),
                    (*compressors)[c]->name().c_str());
       t0 = now_seconds();
+      if ((*compressors)[c]->family() == CompressorFamily::kQuantization) continue;  // the engine packs all
       CompressedKV out;
       const Status s = compute_kept(m, *base_pool, *(*compressors)[c], ratio, prompt, 0, base, &out);
       (*compressors)[c]->release(0);

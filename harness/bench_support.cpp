@@ -38,7 +38,7 @@ Result<std::vector<std::shared_ptr<Compressor>>> load_offline_compressors(const 
   for (const std::string& name : list) {
     VC_ASSIGN_OR_RETURN(std::shared_ptr<Compressor> c,
                         load_compressor_for(name, json.count(name) ? json[name] : "{}", {}, model));
-    if (c->mode() != CompressionMode::kOffline) {
+    if (c->mode() != CompressionMode::kOffline && c->family() != CompressorFamily::kQuantization) {
       return Status::invalid_argument(name + " is an online compressor; this benchmark compresses once after prefill");
     }
     out.push_back(std::move(c));

@@ -26,8 +26,8 @@ double now_seconds();
 
 // Loads each comma-separated name of `names` with its NAME=JSON entry of `params` ({} when it has
 // none) and attaches it to `model`. InvalidArgument for an empty list, a malformed NAME=JSON, an
-// entry for a compressor not in the list, or an online compressor (the benchmarks compress once
-// after the prefill); a plugin's own refusal is returned as it is.
+// entry for a compressor not in the list, or an online token dropper (the benchmarks compress once
+// after the prefill; quantizers pack as the engine does); a plugin's own refusal is returned as it is.
 Result<std::vector<std::shared_ptr<Compressor>>> load_offline_compressors(const std::string& names,
                                                                           const std::vector<std::string>& params,
                                                                           const LlamaModel& model);

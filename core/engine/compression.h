@@ -59,6 +59,14 @@ Result<PackedFormat> checked_packed_format(Compressor& compressor, const KvPageS
 Status pack_front(Compressor& compressor, const PackedFormat& format, PagePool& pool, PackedPagePool& packed,
                   SequenceKv& kv);
 
+// A quantizer's packing for a cache outside the engine (the engine keeps its own): the compressor,
+// its checked packed format and the pool that receives the packed pages. Borrowed.
+struct Packing {
+  Compressor* quantizer = nullptr;
+  PackedFormat format;
+  PackedPagePool* pool = nullptr;
+};
+
 struct CompressionTimes {
   double prefill_seconds = 0;   // the prefill forward, the compressor's update() work included
   double compress_seconds = 0;  // compress_offline(); 0 for an online compressor

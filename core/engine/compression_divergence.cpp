@@ -18,11 +18,17 @@ double log_sum_exp(const float* logits, int64_t vocab) {
   return max + std::log(sum);
 }
 
-// One token through one cache; the row of next-token logits.
+// One token through one cache; the row of next-token logits. A quantizer's cache reads its packed
+// slots and packs every block the step completes.
 Status step(const LlamaModel& model, PagePool& pool, SequenceKv& kv, int32_t token, int64_t position,
-            Compressor* online, double ratio, at::Tensor* logits) {
+            Compressor* online, double ratio, const Packing* packing, at::Tensor* logits) {
   const int32_t tokens[] = {token};
   const int32_t positions[] = {static_cast<int32_t>(position)};
+  if (packing != nullptr) {
+    const ForwardItem item{tokens, positions, &kv, &pool, LogitRows::kLast, 0, packing->pool, packing->quantizer};
+    VC_RETURN_IF_ERROR(model.forward(std::span(&item, 1), logits));
+    return pack_front(*packing->quantizer, packing->format, pool, *packing->pool, kv);
+  }
   const ForwardItem item{tokens, positions, &kv, &pool, LogitRows::kLast, 0};
   if (online == nullptr) return model.forward(std::span(&item, 1), logits);
   const double ratios[] = {ratio};
@@ -50,7 +56,7 @@ Result<GreedyReference> full_kv_greedy_reference(const LlamaModel& model, PagePo
   int32_t token = first_token;
   for (int64_t i = 0; i < steps; ++i) {
     at::Tensor p;
-    VC_RETURN_IF_ERROR(step(model, full_pool, full, token, start + i, nullptr, 1.0, &p));
+    VC_RETURN_IF_ERROR(step(model, full_pool, full, token, start + i, nullptr, 1.0, nullptr, &p));
     const float* row = p[0].data_ptr<float>();
     out.tokens.push_back(token);
     out.logits.insert(out.logits.end(), row, row + vocab);
@@ -61,14 +67,14 @@ Result<GreedyReference> full_kv_greedy_reference(const LlamaModel& model, PagePo
 
 Result<std::vector<DivergenceStep>> divergence_along(const LlamaModel& model, const GreedyReference& reference,
                                                      PagePool& compressed_pool, SequenceKv& compressed, int64_t start,
-                                                     Compressor* online, double ratio) {
+                                                     Compressor* online, double ratio, const Packing* packing) {
   const int64_t vocab = model.config().vocab_size;
   std::vector<DivergenceStep> out;
   for (size_t i = 0; i < reference.tokens.size(); ++i) {
     at::Tensor q;
     const int32_t token = reference.tokens[i];
     VC_RETURN_IF_ERROR(
-        step(model, compressed_pool, compressed, token, start + static_cast<int64_t>(i), online, ratio, &q));
+        step(model, compressed_pool, compressed, token, start + static_cast<int64_t>(i), online, ratio, packing, &q));
     const float* p_row = reference.logits.data() + i * static_cast<size_t>(vocab);
     const float* q_row = q[0].data_ptr<float>();
     out.push_back({token, kl_divergence_of_logits(p_row, q_row, vocab), argmax(p_row, vocab) == argmax(q_row, vocab)});

@@ -11,6 +11,7 @@
 
 #include <vericache/compressor.h>
 
+#include "engine/compression.h"
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
 #include "model/llama_model.h"
@@ -41,10 +42,13 @@ Result<GreedyReference> full_kv_greedy_reference(const LlamaModel& model, PagePo
 // positions). Step i feeds reference.tokens[i] at position start + i in a one-token forward and
 // compares the next-token distribution with reference row i. An online compressor (`online`,
 // nullptr for none) sees the forwards at kept fraction `ratio` and its drops are applied, as in the
-// engine. `compressed` grows by reference.tokens.size() tokens; failures as above.
+// engine. A quantizer's cache (`packing`; pack it with pack_front() before the call) reads its
+// packed slots and packs each block as it is completed, as the engine does with committed tokens.
+// `compressed` grows by reference.tokens.size() tokens; failures as above.
 Result<std::vector<DivergenceStep>> divergence_along(const LlamaModel& model, const GreedyReference& reference,
                                                      PagePool& compressed_pool, SequenceKv& compressed, int64_t start,
-                                                     Compressor* online = nullptr, double ratio = 1.0);
+                                                     Compressor* online = nullptr, double ratio = 1.0,
+                                                     const Packing* packing = nullptr);
 
 // Both of the above for one compressed cache: `full` and `compressed` hold the same prompt.
 Result<std::vector<DivergenceStep>> divergence_along_full_kv_greedy(const LlamaModel& model, PagePool& full_pool,
