@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 
+from bench_prompts import acceptance_prompts
 from results_file import check_destination, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,14 +50,7 @@ def main():
     if not os.path.exists(args.kvzap_weights):
         os.makedirs(os.path.dirname(args.kvzap_weights), exist_ok=True)
         subprocess.run([VERICACHE, "train-kvzap", "--out", args.kvzap_weights], check=True)
-    prompts = [("document_2k", os.path.join(ROOT, "datasets", "prompts", "document_2k.txt"), True)]
-    data = json.load(open(os.path.join(ROOT, "datasets", "lossless_prompts", "prompts.json"), encoding="utf-8"))
-    os.makedirs(os.path.join(ROOT, ".cache"), exist_ok=True)
-    for p in [p for p in data["prompts"] if p["name"].startswith("long_")][:args.long_prompts]:
-        path = os.path.join(ROOT, ".cache", f"acceptance_{p['name']}.txt")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(p["text"])
-        prompts.append((p["name"], path, p["chat"]))
+    prompts = acceptance_prompts(args.long_prompts)
     plugins = {"snapkv": "{}", "expected_attention": "{}", "kvzip": "{}",
                "kvzap": json.dumps({"weights": args.kvzap_weights})}
 

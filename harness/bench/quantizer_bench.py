@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 
+from bench_prompts import acceptance_prompts
 from results_file import check_destination, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,18 +35,6 @@ def vericache(args):
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def prompts(long_prompts):
-    out = [("document_2k", os.path.join(ROOT, "datasets", "prompts", "document_2k.txt"), True)]
-    data = json.load(open(os.path.join(ROOT, "datasets", "lossless_prompts", "prompts.json"), encoding="utf-8"))
-    os.makedirs(os.path.join(ROOT, ".cache"), exist_ok=True)
-    for p in [p for p in data["prompts"] if p["name"].startswith("long_")][:long_prompts]:
-        path = os.path.join(ROOT, ".cache", f"acceptance_{p['name']}.txt")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(p["text"])
-        out.append((p["name"], path, p["chat"]))
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quantizers", default="kivi")
@@ -58,7 +47,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "quantizers_cpu_smollm2.md"))
     args = ap.parse_args()
     check_destination(args.out)
-    cases = prompts(args.long_prompts)
+    cases = acceptance_prompts(args.long_prompts)
     rows = []
     for name in args.quantizers.split(","):
         for bits in args.bits.split(","):
