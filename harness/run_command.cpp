@@ -102,13 +102,15 @@ class ProgressLine : public StatsSink {
   explicit ProgressLine(bool enabled) : enabled_(enabled) {}
   void on_step(const StepRecord& s) override {
     ++steps_;
+    prefilled_ += s.prefill_rows;
     if (!enabled_ || s.start_seconds - last_ < 1.0) return;
     last_ = s.start_seconds;
-    std::fprintf(
-        stderr,
-        "\r[run] step %lld: %lld drafts, %lld verifies in flight; windows %lld, accepted %lld of %lld drafted   ",
-        static_cast<long long>(steps_), static_cast<long long>(s.draft_items), static_cast<long long>(s.verify_items),
-        static_cast<long long>(windows_), static_cast<long long>(accepted_), static_cast<long long>(drafted_));
+    std::fprintf(stderr,
+                 "\r[run] step %lld: %lld prompt tokens prefilled; %lld drafts, %lld verifies in flight; windows %lld, "
+                 "accepted %lld of %lld drafted   ",
+                 static_cast<long long>(steps_), static_cast<long long>(prefilled_),
+                 static_cast<long long>(s.draft_items), static_cast<long long>(s.verify_items),
+                 static_cast<long long>(windows_), static_cast<long long>(accepted_), static_cast<long long>(drafted_));
     std::fflush(stderr);
     dirty_ = true;
   }
@@ -123,7 +125,7 @@ class ProgressLine : public StatsSink {
 
  private:
   bool enabled_;
-  int64_t steps_ = 0, windows_ = 0, accepted_ = 0, drafted_ = 0;
+  int64_t steps_ = 0, prefilled_ = 0, windows_ = 0, accepted_ = 0, drafted_ = 0;
   double last_ = 0;
   bool dirty_ = false;
 };

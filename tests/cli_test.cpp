@@ -230,6 +230,17 @@ TEST(Cli, PluginsListsDescriptorsAndRefusals) {
   EXPECT_EQ(out["rejected"].size(), 3u);
 }
 
+// A quantizer's cache must be packed to mean anything: the commands that do not pack refuse it.
+TEST(Cli, GenerateAndCompressRefuseQuantizers) {
+  for (const std::string command : {"generate -n 4", "compress"}) {
+    const CliRun r = run_vericache(command + " --compressor kivi -p hello");
+    EXPECT_EQ(r.exit_code, 1) << command;
+    EXPECT_EQ(r.err, "vericache: error: kivi: quantizers run only where pages are packed so far (vericache run, "
+                     "bench-engine, bench-acceptance); this path does not pack their pages\n")
+        << command;
+  }
+}
+
 TEST(Cli, CompressRunsAPluginByPath) {
   const std::string plugin = std::string(VC_FIXTURE_PLUGIN_DIR) + "/vc_plugin_streaming_llm.so";
   const CliRun r = run_vericache("compress --compressor " + plugin +

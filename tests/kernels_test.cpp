@@ -169,6 +169,27 @@ TEST(Kernels, ExpIsAccurateToTwoUlp) {
   EXPECT_EQ(out[0], 0.0f);
 }
 
+// Arguments for attention of `q` rows over the pages `kp`, `vp` through `table`, scale 1/8.
+PagedAttentionArgs attention_args(const std::vector<float>& q, std::vector<float>& out, const std::vector<float>& kp,
+                                  const std::vector<float>& vp, const std::vector<int32_t>& table, int64_t heads,
+                                  int64_t kv_heads, int64_t hd, int64_t ps, int64_t cached) {
+  PagedAttentionArgs a;
+  a.q = q.data();
+  a.q_row_stride = heads * hd;
+  a.out = out.data();
+  a.out_row_stride = heads * hd;
+  a.k_pages = kp.data();
+  a.v_pages = vp.data();
+  a.block_table = table.data();
+  a.page_size = ps;
+  a.n_heads = heads;
+  a.n_kv_heads = kv_heads;
+  a.head_dim = hd;
+  a.cached_len = cached;
+  a.scale = 0.125f;
+  return a;
+}
+
 // Attention over a hand-made paged cache against a double-precision softmax reference, and each
 // row equal whether computed with its neighbours or alone.
 TEST(Kernels, PagedAttentionMatchesReferenceAndIsRowInvariant) {
@@ -180,20 +201,7 @@ TEST(Kernels, PagedAttentionMatchesReferenceAndIsRowInvariant) {
   const std::vector<int32_t> table{5, 2, 7, 0, 3, 1, 6, 4};  // scattered pages
   for (const KernelTable* k : tables()) {
     std::vector<float> out(rows * heads * hd), single(heads * hd);
-    PagedAttentionArgs a;
-    a.q = q.data();
-    a.q_row_stride = heads * hd;
-    a.out = out.data();
-    a.out_row_stride = heads * hd;
-    a.k_pages = kp.data();
-    a.v_pages = vp.data();
-    a.block_table = table.data();
-    a.page_size = ps;
-    a.n_heads = heads;
-    a.n_kv_heads = kv_heads;
-    a.head_dim = hd;
-    a.cached_len = cached;
-    a.scale = 0.125f;
+    PagedAttentionArgs a = attention_args(q, out, kp, vp, table, heads, kv_heads, hd, ps, cached);
     for (int64_t g = 0; g < kv_heads; ++g) k->attention(a, g, 0, rows);
     auto key = [&](int64_t slot, int64_t g, int64_t d) {
       return kp[((table[slot / ps] * kv_heads + g) * hd + d) * ps + slot % ps];
@@ -243,20 +251,7 @@ TEST(Kernels, PagedAttentionReadsPrefixPagesAsThePagedCache) {
   const int64_t page_floats = kv_heads * hd * ps;
   for (const KernelTable* k : tables()) {
     std::vector<float> whole(rows * heads * hd), split(rows * heads * hd);
-    PagedAttentionArgs a;
-    a.q = q.data();
-    a.q_row_stride = heads * hd;
-    a.out = whole.data();
-    a.out_row_stride = heads * hd;
-    a.k_pages = kp.data();
-    a.v_pages = vp.data();
-    a.block_table = table.data();
-    a.page_size = ps;
-    a.n_heads = heads;
-    a.n_kv_heads = kv_heads;
-    a.head_dim = hd;
-    a.cached_len = cached;
-    a.scale = 0.125f;
+    const PagedAttentionArgs a = attention_args(q, whole, kp, vp, table, heads, kv_heads, hd, ps, cached);
     for (int64_t g = 0; g < kv_heads; ++g) k->attention(a, g, 0, rows);
     for (int64_t prefix_pages = 1; prefix_pages <= 6; ++prefix_pages) {
       // The first prefix_pages logical pages copied, in order, into contiguous prefix pages.

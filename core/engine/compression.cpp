@@ -41,8 +41,8 @@ Status forward_with_compressor(const LlamaModel& model, std::span<const ForwardI
                                std::span<SequenceKv* const> caches) {
   if (compressor.family() == CompressorFamily::kQuantization) {
     return Status::not_supported(compressor.name() +
-                                 ": quantizers run inside the draft-verify engine only so far (vericache run, "
-                                 "bench-engine); this path does not pack their pages");
+                                 ": quantizers run only where pages are packed so far (vericache run, bench-engine, "
+                                 "bench-acceptance); this path does not pack their pages");
   }
   std::vector<LayerDrops> drops;
   VC_RETURN_IF_ERROR(model.forward(batch, logits, compression_observer(compressor, ratios, &drops)));

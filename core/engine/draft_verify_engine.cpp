@@ -598,6 +598,7 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members, double sta
       batch.push_back({r->tokens, r->positions, &r->full, &host_pool_,
                        r->prefilled + take == n ? LogitRows::kLast : LogitRows::kNone, r->id});
       ++record.prefill_items;
+      record.prefill_rows += take;
     } else if (r->phase == Phase::kDraft) {
       r->tokens = {r->drafts.empty() ? r->pending : r->drafts.back()};
       r->positions = {static_cast<int32_t>(r->committed + static_cast<int64_t>(r->drafts.size()))};

@@ -55,7 +55,8 @@ struct StepRecord {
   int64_t prefill_items = 0;
   int64_t draft_items = 0;
   int64_t verify_items = 0;
-  int64_t rows = 0;  // token rows in the forward
+  int64_t rows = 0;          // token rows in the forward
+  int64_t prefill_rows = 0;  // of those, prompt tokens
   double stall_seconds = 0;  // with a scheduler: waiting, before the forward, for copies due now
 };
 

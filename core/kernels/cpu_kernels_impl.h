@@ -320,34 +320,31 @@ inline void silu_mul(const float* gate, const float* up, int64_t n, float* out) 
 // ordered 16-lane sum; out = (sum_j e_j v_j in slot order) / sum. Only the row's own length
 // enters, so neither the number of rows nor the tiling changes a bit.
 
-// The keys of 16 slots from `slot` on (a multiple of 16), channel-major with stride page_size, and
-// the value of one slot: in the prefix pages or in the paged cache.
-template <int HD>
-inline const float* key_block(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot) {
-  const float* pages = a.k_pages;
-  int64_t page = 0;
-  if (slot < a.prefix_len) {
-    pages = a.prefix_k_pages;
-    page = slot / a.page_size;
-  } else {
-    slot -= a.prefix_len;
-    page = a.block_table[slot / a.page_size];
-  }
-  return pages + ((page * a.n_kv_heads + kv_head) * HD) * a.page_size + slot % a.page_size;
+// Where slot `slot` lives: its page (a prefix page, or one of the paged cache through the block
+// table) and its offset in that page; `prefix` tells which storage the page indexes.
+struct SlotPlace {
+  bool prefix;
+  int64_t page;
+  int64_t offset;
+};
+inline SlotPlace place_of(const PagedAttentionArgs& a, int64_t slot) {
+  if (slot < a.prefix_len) return {true, slot / a.page_size, slot % a.page_size};
+  slot -= a.prefix_len;
+  return {false, a.block_table[slot / a.page_size], slot % a.page_size};
 }
 
+// The keys of 16 slots from `slot` on (a multiple of 16), channel-major with stride page_size.
+template <int HD>
+inline const float* key_block(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot) {
+  const SlotPlace p = place_of(a, slot);
+  return (p.prefix ? a.prefix_k_pages : a.k_pages) + ((p.page * a.n_kv_heads + kv_head) * HD) * a.page_size + p.offset;
+}
+
+// The value of one slot.
 template <int HD>
 inline const float* value_row(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot) {
-  const float* pages = a.v_pages;
-  int64_t page = 0;
-  if (slot < a.prefix_len) {
-    pages = a.prefix_v_pages;
-    page = slot / a.page_size;
-  } else {
-    slot -= a.prefix_len;
-    page = a.block_table[slot / a.page_size];
-  }
-  return pages + ((page * a.n_kv_heads + kv_head) * a.page_size + slot % a.page_size) * HD;
+  const SlotPlace p = place_of(a, slot);
+  return (p.prefix ? a.prefix_v_pages : a.v_pages) + ((p.page * a.n_kv_heads + kv_head) * a.page_size + p.offset) * HD;
 }
 
 // Scores for T query vectors (rows x heads of one KV head) over slots [0, n_slots), in blocks of
