@@ -55,9 +55,10 @@ struct PackedFormat {
   int64_t flush_slots = 0;
 };
 
-// Packed pages of one layer of one request, in slot order, as pack() fills them and unpack() reads
-// them. `storage` is the packed pool, uint8 [num_packed_pages, bytes_per_page]; only the listed
-// pages belong to this call.
+// Packed pages of one layer of one request, in slot order: for pack() the block being packed (it
+// starts at a multiple of flush_slots of the layer's packed slots), for unpack() every packed page of
+// the layer from its first slot on. `storage` is the packed pool, uint8 [num_packed_pages,
+// bytes_per_page]; only the listed pages belong to this call.
 struct PackedPages {
   at::Tensor storage;
   std::span<const int32_t> pages;
