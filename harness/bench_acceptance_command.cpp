@@ -272,8 +272,8 @@ int run_bench_acceptance(int argc, char** argv) {
         if (quantizer) {
           auto packed_pool = PackedPagePool::create(cache_pages, format.bytes_per_page);
           if (!packed_pool.ok()) return report_error(packed_pool.status());
-          const Packing packing{compressor.get(), format, &*packed_pool};
-          const Status s = pack_front(*compressor, format, *compressed_pool, *packed_pool, compressed);
+          const Packing packing{compressor.get(), format, &*packed_pool, /*request_id=*/0};  // prefill_observed's id
+          const Status s = pack_front(*compressor, format, *compressed_pool, *packed_pool, compressed, packing.request_id);
           divergence = s.ok() ? divergence_along(m, reference, *compressed_pool, compressed, n, nullptr, 1.0, &packing)
                               : Result<std::vector<DivergenceStep>>(s);
           compressed.release_packed(*packed_pool);
@@ -298,6 +298,8 @@ int run_bench_acceptance(int argc, char** argv) {
         if (!device_pool.ok() || !host_pool.ok())
           return report_error(device_pool.ok() ? host_pool.status() : device_pool.status());
         DraftVerifyEngine engine(m, *device_pool, *host_pool, options);
+        // The engine's first request gets id 0, the id prefill_observed reported the prompt under: what
+        // a compressor recorded at prefill (RotateKV's sink tokens) is found under the engine's id.
         auto id = engine.add_prefilled(request, base, *base_pool, next_logits, kept.kept);
         if (!id.ok()) return report_error(id.status());
         if (Status r = engine.run(); !r.ok()) return report_error(r);

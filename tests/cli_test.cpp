@@ -217,13 +217,14 @@ TEST(Cli, PluginsListsDescriptorsAndRefusals) {
   std::map<std::string, std::pair<std::string, std::string>> expected{
       {"streaming_llm", {"token-dropping", "offline"}}, {"snapkv", {"token-dropping", "offline"}},
       {"expected_attention", {"token-dropping", "offline"}}, {"kvzip", {"token-dropping", "offline"}},
-      {"kvzap", {"token-dropping", "online"}}, {"kivi", {"quantization", "online"}}};
+      {"kvzap", {"token-dropping", "online"}}, {"kivi", {"quantization", "online"}},
+      {"rotatekv", {"quantization", "online"}}};
   for (const auto& p : out["plugins"]) {
     const auto it = expected.find(p["name"]);
     if (it == expected.end()) continue;
     EXPECT_EQ(p["family"], it->second.first) << it->first;
     EXPECT_EQ(p["mode"], it->second.second) << it->first;
-    EXPECT_EQ(p["abi_version"], 3);
+    EXPECT_EQ(p["abi_version"], 4);
     expected.erase(it);
   }
   EXPECT_TRUE(expected.empty()) << expected.begin()->first << " not listed: " << r.out;

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <utility>
 
 #include "engine/compression.h"
 #include "loader/plugin_loader.h"
@@ -15,29 +16,44 @@
 
 namespace vericache::testing {
 
-const std::string& kvzap_weights(const std::string& model_path) {
-  static std::map<std::string, std::string> trained;  // model path -> weights file
+namespace {
+
+// The file `vericache <command> --model MODEL --out FILE` makes, made once per (command, model) in
+// this process and removed at exit.
+const std::string& made_by_vericache(const std::string& command, const std::string& model_path) {
+  static std::map<std::pair<std::string, std::string>, std::string> made;
   static const struct RemoveAtExit {
     ~RemoveAtExit() {
-      for (const auto& [model, file] : trained) std::filesystem::remove(file);
+      for (const auto& [key, file] : made) std::filesystem::remove(file);
     }
   } cleanup;
-  auto it = trained.find(model_path);
-  if (it == trained.end()) {
-    const std::string out = std::filesystem::temp_directory_path() / ("vericache_tests_kvzap_" + std::to_string(getpid()) +
-                                                                      "_" + std::to_string(trained.size()) + ".json");
-    const std::string command = std::string(VC_BINARY) + " train-kvzap --model '" + model_path +
-                                "' --passages 4 --passage-tokens 128 --out " + out + " > /dev/null 2>&1";
-    EXPECT_EQ(std::system(command.c_str()), 0) << command;
-    it = trained.emplace(model_path, out).first;
+  auto it = made.find({command, model_path});
+  if (it == made.end()) {
+    const std::string out = std::filesystem::temp_directory_path() /
+                            ("vericache_tests_" + std::to_string(getpid()) + "_" + std::to_string(made.size()) + ".json");
+    const std::string line =
+        std::string(VC_BINARY) + " " + command + " --model '" + model_path + "' --out " + out + " > /dev/null 2>&1";
+    EXPECT_EQ(std::system(line.c_str()), 0) << line;
+    it = made.emplace(std::make_pair(command, model_path), out).first;
   }
   return it->second;
+}
+
+}  // namespace
+
+const std::string& kvzap_weights(const std::string& model_path) {
+  return made_by_vericache("train-kvzap --passages 4 --passage-tokens 128", model_path);
+}
+
+const std::string& rotatekv_calibration(const std::string& model_path) {
+  return made_by_vericache("calibrate --compressor rotatekv --passages 4 --passage-tokens 256", model_path);
 }
 
 std::string params_for(const std::string& plugin, const std::string& model_path) {
   if (plugin == "kvzap") {
     return R"({"weights": ")" + kvzap_weights(model_path) + R"(", "window": )" + std::to_string(kKvzapWindow) + "}";
   }
+  if (plugin == "rotatekv") return R"({"calibration": ")" + rotatekv_calibration(model_path) + R"("})";
   return "{}";
 }
 

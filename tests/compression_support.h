@@ -20,8 +20,12 @@ constexpr int64_t kKvzapWindow = 16;
 // by the real `vericache train-kvzap` (small: 4 passages of 128 tokens) into a temporary file
 // removed at exit.
 const std::string& kvzap_weights(const std::string& model_path);
-// The parameters the tests run a bundled plugin with on the model at `model_path` ("{}", or
-// KVzap's weights for that model and its window); without a path, the default model.
+// RotateKV's calibration for the model at `model_path`, made the same way by the real `vericache
+// calibrate --compressor rotatekv` (4 passages of 256 tokens).
+const std::string& rotatekv_calibration(const std::string& model_path);
+// The parameters the tests run a bundled plugin with on the model at `model_path` ("{}", KVzap's
+// weights for that model and its window, or RotateKV's calibration); without a path, the default
+// model.
 std::string params_for(const std::string& plugin, const std::string& model_path);
 std::string params_for(const std::string& plugin);
 

@@ -114,10 +114,11 @@ TEST(Lossless, EveryPluginRatioDraftLengthAndBatch) {
   }
 }
 
-// KIVI as the drafter at every bit width: its packed pages are what drafting reads (the residual is
-// one block of 32 tokens, so nearly the whole prompt is packed), and the output is still full-KV
-// greedy; draft lengths 1 to 25, batch 1 and 8, both ways of keeping accepted K/V.
-TEST(Lossless, KiviAtEveryBitWidth) {
+// Each quantizer as the drafter at every bit width: its packed pages are what drafting reads (KIVI
+// keeps a residual of one block of 32 tokens, RotateKV of at most one page, so nearly the whole
+// prompt is packed), and the output is still full-KV greedy; draft lengths 1 to 25, batch 1 and 8,
+// both ways of keeping accepted K/V. RotateKV sees the prompts' prefill and keeps their sinks.
+TEST(Lossless, QuantizersAtEveryBitWidth) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
   struct Case {
@@ -126,36 +127,47 @@ TEST(Lossless, KiviAtEveryBitWidth) {
     int batch;
   };
   const std::vector<Case> cases = {{2, 25, 1}, {3, 4, 8}, {4, 16, 1}, {8, 1, 1}};
+  // Per quantizer: its parameters besides bits, its value/key group G and its float residual.
+  struct Quantizer {
+    std::string name, params;
+    int64_t group, residual;
+  };
+  const std::vector<Quantizer> quantizers = {
+      {"kivi", "\"group_size\": 32, \"residual_length\": 32", 32, 32},
+      {"rotatekv", "\"calibration\": \"" + testing::rotatekv_calibration(m->path()) + "\"", m->config().head_dim, 16}};
   int prompt_offset = 20;
-  for (size_t k = 0; k < cases.size(); ++k) {
-    const Case& c = cases[k];
-    auto compressor = testing::bundled_compressor(
-        "kivi", "{\"bits\": " + std::to_string(c.bits) + ", \"group_size\": 32, \"residual_length\": 32}", *m);
-    ASSERT_NE(compressor, nullptr);
-    std::vector<GenerationRequest> requests;
-    for (int b = 0; b < c.batch; ++b) requests.push_back(request_for(medium(prompt_offset++), 40));
-    EngineOptions options;
-    options.compressor = compressor.get();
-    options.draft_length = c.x;
-    options.draft_kv = k % 2 == 0 ? DraftKv::kVerified : DraftKv::kDrafted;
-    const EngineRun run = run_engine(*m, options, requests);
-    const std::string label = "kivi bits=" + std::to_string(c.bits) + " x=" + std::to_string(c.x);
-    expect_identical(run, full_kv(*m, requests), label);
-    for (const EngineResult& r : run.results) EXPECT_EQ(r.compressor_failure, "") << label;
-    // Packed slots cost bits / 32 of a float slot plus two float16 per group of 32 keys and of 32
-    // values; the float residual (< 32 committed slots per layer) adds at most 32 float slots.
-    const double packed_fraction = (c.bits / 32.0) + 2.0 * 2.0 / (32.0 * 4.0);
-    const double layers = static_cast<double>(m->config().n_layers);
-    const double float_slot_bytes = static_cast<double>(run.totals.full_kv_bytes) / run.totals.full_kv_slots;
-    const double bound = packed_fraction * run.totals.full_kv_bytes + 32.0 * layers * c.batch * float_slot_bytes;
-    EXPECT_LE(run.totals.resident_kv_bytes, bound) << label;
-    EXPECT_LT(run.totals.resident_kv_bytes, run.totals.full_kv_bytes / 2) << label;
-    EXPECT_EQ(run.totals.resident_kv_slots, run.totals.full_kv_slots) << label << ": a quantizer keeps every token";
-    EXPECT_GT(run.totals.drafts, 0) << label;
-    std::printf("%-12s %3lld %5d %-8s accept %.3f mean_len %.2f resident %.3f of full\n", label.c_str(),
-                static_cast<long long>(c.x), c.batch, draft_kv_name(options.draft_kv), run.totals.acceptance_rate(),
-                run.totals.mean_acceptance_length(),
-                static_cast<double>(run.totals.resident_kv_bytes) / static_cast<double>(run.totals.full_kv_bytes));
+  for (const Quantizer& q : quantizers) {
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const Case& c = cases[k];
+      auto compressor =
+          testing::bundled_compressor(q.name, "{\"bits\": " + std::to_string(c.bits) + ", " + q.params + "}", *m);
+      ASSERT_NE(compressor, nullptr);
+      std::vector<GenerationRequest> requests;
+      for (int b = 0; b < c.batch; ++b) requests.push_back(request_for(medium(prompt_offset++), 40));
+      EngineOptions options;
+      options.compressor = compressor.get();
+      options.draft_length = c.x;
+      options.draft_kv = k % 2 == 0 ? DraftKv::kVerified : DraftKv::kDrafted;
+      const EngineRun run = run_engine(*m, options, requests);
+      const std::string label = q.name + " bits=" + std::to_string(c.bits) + " x=" + std::to_string(c.x);
+      expect_identical(run, full_kv(*m, requests), label);
+      for (const EngineResult& r : run.results) EXPECT_EQ(r.compressor_failure, "") << label;
+      // Packed slots cost bits / 32 of a float slot plus 4 bytes (two 16-bit numbers) per group of G
+      // keys and of G values; the float residual adds at most `residual` float slots per layer.
+      const double packed_fraction = c.bits / 32.0 + 4.0 / (static_cast<double>(q.group) * 4.0);
+      const double layers = static_cast<double>(m->config().n_layers);
+      const double float_slot_bytes = static_cast<double>(run.totals.full_kv_bytes) / run.totals.full_kv_slots;
+      const double bound = packed_fraction * run.totals.full_kv_bytes +
+                           static_cast<double>(q.residual) * layers * c.batch * float_slot_bytes;
+      EXPECT_LE(run.totals.resident_kv_bytes, bound) << label;
+      EXPECT_LT(run.totals.resident_kv_bytes, run.totals.full_kv_bytes / 2) << label;
+      EXPECT_EQ(run.totals.resident_kv_slots, run.totals.full_kv_slots) << label << ": a quantizer keeps every token";
+      EXPECT_GT(run.totals.drafts, 0) << label;
+      std::printf("%-18s %3lld %5d %-8s accept %.3f mean_len %.2f resident %.3f of full\n", label.c_str(),
+                  static_cast<long long>(c.x), c.batch, draft_kv_name(options.draft_kv), run.totals.acceptance_rate(),
+                  run.totals.mean_acceptance_length(),
+                  static_cast<double>(run.totals.resident_kv_bytes) / static_cast<double>(run.totals.full_kv_bytes));
+    }
   }
 }
 

@@ -31,7 +31,8 @@ void expect_usage_errors(const std::vector<std::pair<std::string, std::string>>&
 }
 
 // One validation layer: NaN, negative, zero and absurdly large values are refused the same way by
-// every subcommand, before the model is loaded.
+// every subcommand, before the model is loaded (calibrate's --head-group, which needs the model's
+// shape, right after).
 TEST(Hardening, EveryCommandChecksNumbersTheSameWay) {
   expect_usage_errors({
       {"generate -p hi --temperature nan", "vericache generate: --temperature must be in [0, 100], got nan"},
@@ -62,6 +63,15 @@ TEST(Hardening, EveryCommandChecksNumbersTheSameWay) {
       {"compress --compressor snapkv -p hi --threads -3", "vericache compress: --threads must be in [0, 1024], got -3"},
       {"train-kvzap --out w.json --ridge 0", "vericache train-kvzap: --ridge must be in (0, 1000000000], got 0"},
       {"train-kvzap --out w.json --passages 1", "vericache train-kvzap: --passages must be in [2, 1048576], got 1"},
+      {"calibrate --out c.json", "vericache calibrate: give --compressor rotatekv"},
+      {"calibrate --compressor kvquant --out c.json",
+       "vericache calibrate: --compressor must be rotatekv (the one calibrated quantizer so far), got 'kvquant'"},
+      {"calibrate --compressor rotatekv", "vericache calibrate: give --out FILE for the calibration"},
+      {"calibrate --compressor rotatekv --out c.json --passage-tokens 8",
+       "vericache calibrate: --passage-tokens must be in [16, 1048576], got 8"},
+      {"calibrate --compressor rotatekv --out c.json --head-group 3",
+       "vericache calibrate: --head-group 3 must divide the model's 3 KV heads, and head_group * head_dim (192) must be "
+       "a power of two"},
       {"generate -p hi --threads 1e3", "vericache generate: the argument ('1e3') for option '--threads' is invalid"},
   });
 }

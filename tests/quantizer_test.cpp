@@ -6,8 +6,15 @@
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include <vericache/compressor.h>
 
@@ -35,10 +42,10 @@ KvLayout layout() { return KvLayout{1, kHeads, kDim, kPage}; }
 
 // Keys and values of `pages` pages, page layout: K [pages, H, d, P], V [pages, H, P, d]. Normal
 // values with a few large outliers, and one constant key channel and value group (scale 0).
-void random_pages(int64_t pages, at::Tensor* k, at::Tensor* v) {
+void random_pages(int64_t pages, at::Tensor* k, at::Tensor* v, int64_t heads = kHeads) {
   at::manual_seed(7);
-  *k = at::randn({pages, kHeads, kDim, kPage}) * 2;
-  *v = at::randn({pages, kHeads, kPage, kDim});
+  *k = at::randn({pages, heads, kDim, kPage}) * 2;
+  *v = at::randn({pages, heads, kPage, kDim});
   k->index_put_({at::indexing::Slice(), 0, 5, at::indexing::Slice()}, 0.75);
   v->index_put_({at::indexing::Slice(), 1, at::indexing::Slice(), at::indexing::Slice(0, 32)}, -1.5);
   k->index_put_({0, 2, 7, 3}, 40.0);
@@ -67,16 +74,23 @@ struct Packed {
   std::vector<int32_t> pages;
 };
 
-// Packs `k`, `v` as blocks of `block_pages` pages (slot order) into a fresh pool.
-Packed pack_blocks(Compressor& c, const PackedFormat& f, const at::Tensor& k, const at::Tensor& v, int64_t block_pages) {
+// Slot positions first, first + 1, ... for every one of `heads` KV heads: int64 [heads, slots].
+at::Tensor slot_positions(int64_t heads, int64_t slots, int64_t first) {
+  return at::arange(first, first + slots, at::kLong).unsqueeze(0).expand({heads, -1}).contiguous();
+}
+
+// Packs `k`, `v` as blocks of `block_pages` pages (slot order) into a fresh pool; the slots hold
+// positions first_position, first_position + 1, ... of request `request`.
+Packed pack_blocks(Compressor& c, const PackedFormat& f, const at::Tensor& k, const at::Tensor& v, int64_t block_pages,
+                   int64_t first_position = 0, int64_t request = 0) {
   Packed out{std::move(*PackedPagePool::create(k.size(0) + 3, f.bytes_per_page)), {}};
   std::vector<int32_t> spare;  // taken first, so the blocks' pages are not 0, 1, 2, ...
   EXPECT_TRUE(out.pool.allocate(3, &spare).ok());
-  const at::Tensor positions = at::arange(k.size(0) * kPage, at::kLong).unsqueeze(0).expand({kHeads, -1}).contiguous();
+  const at::Tensor positions = slot_positions(k.size(1), k.size(0) * kPage, first_position);
   for (int64_t first = 0; first < k.size(0); first += block_pages) {
     std::vector<int32_t> block;
     EXPECT_TRUE(out.pool.allocate(block_pages, &block).ok());
-    PackedPages dest{out.pool.storage(), block, positions.narrow(1, first * kPage, block_pages * kPage)};
+    PackedPages dest{out.pool.storage(), block, positions.narrow(1, first * kPage, block_pages * kPage), request};
     const Status s = c.pack(0, k.narrow(0, first, block_pages).contiguous(), v.narrow(0, first, block_pages).contiguous(), dest);
     EXPECT_TRUE(s.ok()) << s.message();
     out.pages.insert(out.pages.end(), block.begin(), block.end());
@@ -84,12 +98,12 @@ Packed pack_blocks(Compressor& c, const PackedFormat& f, const at::Tensor& k, co
   return out;
 }
 
-void unpack_all(Compressor& c, const Packed& p, at::Tensor* k, at::Tensor* v) {
+void unpack_all(Compressor& c, const Packed& p, at::Tensor* k, at::Tensor* v, int64_t heads = kHeads,
+                int64_t first_position = 0, int64_t request = 0) {
   const auto n = static_cast<int64_t>(p.pages.size());
-  *k = at::full({n, kHeads, kDim, kPage}, NAN);
-  *v = at::full({n, kHeads, kPage, kDim}, NAN);
-  const at::Tensor positions = at::arange(n * kPage, at::kLong).unsqueeze(0).expand({kHeads, -1}).contiguous();
-  const PackedPages src{p.pool.storage(), p.pages, positions};
+  *k = at::full({n, heads, kDim, kPage}, NAN);
+  *v = at::full({n, heads, kPage, kDim}, NAN);
+  const PackedPages src{p.pool.storage(), p.pages, slot_positions(heads, n * kPage, first_position), request};
   const Status s = c.unpack(0, src, *k, *v);
   EXPECT_TRUE(s.ok()) << s.message();
 }
@@ -191,6 +205,278 @@ TEST(Kivi, RefusesParametersThatDoNotFit) {
   auto snapkv = load_compressor(std::string(VC_PLUGIN_DIR) + "/vc_plugin_snapkv.so", "{}");
   ASSERT_TRUE(snapkv.ok());
   EXPECT_EQ((*snapkv)->packed_format(layout()).status().message(), "snapkv: not a quantizer (no packed pages)");
+}
+
+// --- RotateKV ---------------------------------------------------------------------------------
+
+constexpr double kRopeBase = 10000.0;
+
+// A model shape for RotateKV without a model: one layer of `heads` KV heads of kDim channels.
+ModelShape rotatekv_shape(int64_t heads) {
+  ModelShape shape;
+  shape.n_layers = 1;
+  shape.d_model = 48;
+  shape.n_heads = 2 * heads;
+  shape.n_kv_heads = heads;
+  shape.head_dim = kDim;
+  shape.rope_freq_base = kRopeBase;
+  shape.name = "quantizer-test";
+  shape.fingerprint = "0123456789abcdef";
+  return shape;
+}
+
+// A calibration file in the documented format (plugins/rotatekv/rotatekv_calibration.h), written
+// here by hand: `order` is the layer's key-channel order.
+std::string write_calibration(const ModelShape& shape, int64_t head_group, const std::vector<int32_t>& order,
+                              const std::string& fingerprint = "0123456789abcdef") {
+  const nlohmann::json j{{"format", "vericache-calibration"},
+                         {"compressor", "rotatekv"},
+                         {"version", 1},
+                         {"model",
+                          {{"name", shape.name}, {"fingerprint", fingerprint}, {"n_layers", 1},
+                           {"n_kv_heads", shape.n_kv_heads}, {"head_dim", shape.head_dim}}},
+                         {"head_group", head_group},
+                         {"layers", nlohmann::json::array({nlohmann::json{{"key_order", order}}})},
+                         {"calibration", {{"by", "quantizer_test"}}}};
+  static std::vector<std::string> written;
+  static const struct RemoveAtExit {
+    ~RemoveAtExit() {
+      for (const std::string& file : written) std::filesystem::remove(file);
+    }
+  } cleanup;
+  const std::string path = std::filesystem::temp_directory_path() / ("vericache_rotatekv_" + std::to_string(getpid()) +
+                                                                     "_" + std::to_string(written.size()) + ".json");
+  written.push_back(path);
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+// A random permutation of n channels.
+std::vector<int32_t> shuffled(int64_t n) {
+  at::manual_seed(11);
+  const at::Tensor p = at::randperm(n, at::kInt);
+  return std::vector<int32_t>(p.data_ptr<int32_t>(), p.data_ptr<int32_t>() + n);
+}
+
+std::shared_ptr<Compressor> rotatekv(const std::string& params, const ModelShape& shape) {
+  auto loaded = load_compressor(std::string(VC_PLUGIN_DIR) + "/vc_plugin_rotatekv.so", params);
+  EXPECT_TRUE(loaded.ok()) << loaded.status().message();
+  if (!loaded.ok()) return nullptr;
+  const Status attached = (*loaded)->attach(shape);
+  EXPECT_TRUE(attached.ok()) << attached.message();
+  return attached.ok() ? *loaded : nullptr;
+}
+
+// The normalized Sylvester Hadamard matrix of size n, built by its recursion.
+at::Tensor hadamard(int64_t n) {
+  at::Tensor h = at::ones({1, 1});
+  while (h.size(0) < n) h = at::cat({at::cat({h, h}, 1), at::cat({h, -h}, 1)}, 0);
+  return h / std::sqrt(static_cast<double>(n));
+}
+
+// RoPE on x [tokens, heads, d] at `positions` [tokens] (adjacent pairs), or its inverse.
+at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, bool inverse) {
+  const at::Tensor inv_freq = 1.0 / at::pow(kRopeBase, at::arange(0, kDim, 2, at::kLong).to(at::kFloat) / double(kDim));
+  const at::Tensor angle = positions.to(at::kFloat).unsqueeze(1) * inv_freq.unsqueeze(0);  // [tokens, d/2]
+  const at::Tensor c = angle.cos().unsqueeze(1), s = (inverse ? -angle.sin() : angle.sin()).unsqueeze(1);
+  const at::Tensor pairs = x.reshape({x.size(0), x.size(1), kDim / 2, 2});
+  const at::Tensor a = pairs.select(3, 0), b = pairs.select(3, 1);
+  return at::stack({a * c - b * s, a * s + b * c}, 3).reshape(x.sizes());
+}
+
+// RotateKV's per-token group quantizer over the last axis of x [tokens, N] in groups of G:
+// hi = clip max, lo = clip min, s = (hi - lo) / (2^b - 1) in float16, z = round(-lo / s), code =
+// clamp(round(x / s) + z, 0, 2^b - 1), x^ = s (code - z). `step` receives s per entry.
+at::Tensor rtn_reference(const at::Tensor& x, int64_t group, int bits, double clip, at::Tensor* step) {
+  const at::Tensor g = x.reshape({x.size(0), -1, group});
+  const at::Tensor lo = std::get<0>(g.min(-1, true)) * clip, hi = std::get<0>(g.max(-1, true)) * clip;
+  const double levels = (1 << bits) - 1;
+  const at::Tensor s = ((hi - lo) / levels).to(at::kHalf).to(at::kFloat);
+  const at::Tensor z = at::round(-lo / s);
+  const at::Tensor code = at::clamp(at::round(g / s) + z, 0, levels);
+  *step = s.expand_as(g).reshape(x.sizes());
+  return (s * (code - z)).reshape(x.sizes());
+}
+
+// RotateKV's round trip of keys and values in page layout, written with tensor operations.
+void rotatekv_reference(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions, int64_t head_group,
+                        const std::vector<int32_t>& order, int bits, double clip, at::Tensor* k_out, at::Tensor* v_out,
+                        at::Tensor* k_step, at::Tensor* v_step) {
+  const int64_t pages = k.size(0), heads = k.size(1), n = pages * kPage, channels = heads * kDim;
+  const at::Tensor keys = k.permute({0, 3, 1, 2}).reshape({n, heads, kDim});
+  const at::Tensor values = v.permute({0, 2, 1, 3}).reshape({n, heads, kDim});
+  const at::Tensor hk = hadamard(head_group * kDim), hv = hadamard(kDim);
+  const at::Tensor index = at::tensor(order, at::kLong);
+
+  const at::Tensor rotated = at::matmul(rope(keys, positions, true).reshape({n, heads / head_group, -1}), hk);
+  const at::Tensor ordered = rotated.reshape({n, channels}).index_select(1, index);
+  const at::Tensor k_hat = rtn_reference(ordered, kDim, bits, clip, k_step);
+  const at::Tensor unordered = at::zeros_like(k_hat).index_copy(1, index, k_hat);
+  const at::Tensor k_back = rope(at::matmul(unordered.reshape({n, heads / head_group, -1}), hk).reshape({n, heads, kDim}),
+                                 positions, false);
+  *k_out = k_back.reshape({pages, kPage, heads, kDim}).permute({0, 2, 3, 1}).contiguous();
+
+  const at::Tensor v_rot = at::matmul(values, hv).reshape({n, channels});
+  const at::Tensor v_hat = rtn_reference(v_rot, kDim, bits, clip, v_step);
+  *v_out = at::matmul(v_hat.reshape({n, heads, kDim}), hv).reshape({pages, kPage, heads, kDim}).permute({0, 2, 1, 3}).contiguous();
+}
+
+TEST(RotateKv, PackedPageHoldsTheBitMath) {
+  const ModelShape shape = rotatekv_shape(3);
+  const std::string file = write_calibration(shape, 1, shuffled(3 * kDim));
+  for (int bits : {2, 3, 4, 8}) {
+    for (int64_t group : {32, 64, 96}) {
+      auto c = rotatekv("{\"bits\": " + std::to_string(bits) + ", \"group_size\": " + std::to_string(group) +
+                            ", \"calibration\": \"" + file + "\"}",
+                        shape);
+      ASSERT_NE(c, nullptr);
+      auto f = c->packed_format(layout());
+      ASSERT_TRUE(f.ok()) << f.status().message();
+      // Per slot: H*d key codes and H*d value codes of `bits` bits, and a float16 scale and an int16
+      // zero point per G keys and per G values of the token.
+      const int64_t per_slot_bits = 2 * kHeads * kDim * bits + 2 * (kHeads * kDim / group) * 32;
+      EXPECT_EQ(f->bytes_per_page * 8, kPage * per_slot_bits) << bits << " bits, G = " << group;
+      EXPECT_EQ(f->bit_scheme, bits);
+      EXPECT_EQ(f->flush_slots, kPage) << "no residual window: each page is packed once it is committed";
+    }
+  }
+}
+
+// The round trip equals an independent tensor implementation of RotateKV's formulas (up to float
+// rounding of the transforms, which may move a value across a rounding boundary: at most one entry
+// in a thousand), and with clip 1 each token's error stays within one quantization step per entry
+// (the transforms are orthogonal, so the bound carries over from the rotated space). Grouped-head
+// rotations of 1, 2 and 4 heads, a shuffled channel order, positions from 1000 on.
+TEST(RotateKv, RoundTripEqualsTheReferenceWithinAStep) {
+  constexpr int64_t kRotHeads = 4, kPages = 3;
+  const ModelShape shape = rotatekv_shape(kRotHeads);
+  const KvLayout four_heads{1, kRotHeads, kDim, kPage};
+  const std::vector<int32_t> order = shuffled(kRotHeads * kDim);
+  for (int64_t head_group : {1, 2, 4}) {
+    const std::string file = write_calibration(shape, head_group, order);
+    for (int bits : {2, 3, 4, 8}) {
+      for (double clip : {1.0, 0.8}) {
+        const std::string label =
+            std::to_string(bits) + " bits, head group " + std::to_string(head_group) + ", clip " + std::to_string(clip);
+        auto c = rotatekv("{\"bits\": " + std::to_string(bits) + ", \"clip_ratio\": " + std::to_string(clip) +
+                              ", \"calibration\": \"" + file + "\"}",
+                          shape);
+        ASSERT_NE(c, nullptr);
+        auto f = c->packed_format(four_heads);
+        ASSERT_TRUE(f.ok()) << f.status().message();
+        at::Tensor k, v, k_hat, v_hat, k_ref, v_ref, k_step, v_step;
+        random_pages(kPages, &k, &v, kRotHeads);
+        const Packed p = pack_blocks(*c, *f, k, v, 1, /*first_position=*/1000);
+        unpack_all(*c, p, &k_hat, &v_hat, kRotHeads, 1000);
+        const at::Tensor positions = at::arange(1000, 1000 + kPages * kPage, at::kLong);
+        rotatekv_reference(k, v, positions, head_group, order, bits, clip, &k_ref, &v_ref, &k_step, &v_step);
+
+        for (const auto& [got, want, what] : {std::tuple(k_hat, k_ref, "keys"), std::tuple(v_hat, v_ref, "values")}) {
+          const double off = ((got - want).abs() > 1e-3 + 1e-3 * want.abs()).to(at::kDouble).mean().item<double>();
+          EXPECT_LE(off, 1e-3) << label << ": " << what << " differ from the reference in " << off * 100 << "% of entries";
+        }
+        if (clip == 1.0) {
+          const double slack = 1.0 + ((1 << bits) - 1) / 2048.0;  // float16 rounding of the step
+          const at::Tensor k_err = (k_hat - k).permute({0, 3, 1, 2}).reshape({kPages * kPage, -1}).norm(2, 1);
+          const at::Tensor v_err = (v_hat - v).permute({0, 2, 1, 3}).reshape({kPages * kPage, -1}).norm(2, 1);
+          const at::Tensor k_bound = (k_step * slack).norm(2, 1) + 1e-4, v_bound = (v_step * slack).norm(2, 1) + 1e-4;
+          EXPECT_TRUE((k_err <= k_bound).all().item<bool>())
+              << label << ": key error " << (k_err / k_bound).max().item<float>() << " of the bound";
+          EXPECT_TRUE((v_err <= v_bound).all().item<bool>())
+              << label << ": value error " << (v_err / v_bound).max().item<float>() << " of the bound";
+        }
+      }
+    }
+  }
+}
+
+// Sink tokens (the largest |x| of the residual stream at a request's first prefill forward) come
+// back bit for bit; other tokens, and the same tokens of a request without sinks, do not; a
+// released request's sinks are gone.
+TEST(RotateKv, SinkTokensComeBackBitExact) {
+  const ModelShape shape = rotatekv_shape(kHeads);
+  auto c = rotatekv("{\"calibration\": \"" + write_calibration(shape, 1, shuffled(kHeads * kDim)) + "\"}", shape);
+  ASSERT_NE(c, nullptr);
+  auto f = c->packed_format(layout());
+  ASSERT_TRUE(f.ok());
+  constexpr int64_t kPages = 2, kRows = kPages * kPage, kRequest = 7;
+  at::manual_seed(3);
+  // The residual stream holds 20 massive entries, at tokens 3 and 21; the normed attention input
+  // (not where RotateKV looks) has its largest entries at token 9.
+  at::Tensor residual = at::randn({kRows, shape.d_model});
+  residual.index_put_({3, at::indexing::Slice(0, 10)}, 400.0);
+  residual.index_put_({21, at::indexing::Slice(10, 20)}, -300.0);
+  at::Tensor hidden = at::randn({kRows, shape.d_model});
+  hidden.index_put_({9, at::indexing::Slice(0, 20)}, 50.0);
+  const std::vector<int64_t> offsets{0, kRows}, ids{kRequest}, cache_lengths{0};
+  const std::vector<double> ratios{1.0};
+  LayerActivations acts;
+  acts.residual = residual;
+  acts.hidden = hidden;
+  acts.positions = at::arange(kRows, at::kLong);
+  acts.row_offsets = offsets;
+  acts.request_ids = ids;
+  acts.ratios = ratios;
+  acts.cache_lengths = cache_lengths;
+  std::vector<LayerDrops> drops;
+  ASSERT_TRUE(c->update(acts, &drops).ok());
+  EXPECT_TRUE(drops.empty());
+
+  at::Tensor k, v, k_hat, v_hat;
+  random_pages(kPages, &k, &v);
+  const Packed p = pack_blocks(*c, *f, k, v, kPages, 0, kRequest);
+  unpack_all(*c, p, &k_hat, &v_hat, kHeads, 0, kRequest);
+  auto slot_equal = [](const at::Tensor& a, const at::Tensor& b, int64_t slot) {
+    return at::equal(a[slot / kPage].select(2, slot % kPage), b[slot / kPage].select(2, slot % kPage));
+  };
+  auto value_equal = [](const at::Tensor& a, const at::Tensor& b, int64_t slot) {
+    return at::equal(a[slot / kPage].select(1, slot % kPage), b[slot / kPage].select(1, slot % kPage));
+  };
+  for (int64_t slot = 0; slot < kRows; ++slot) {
+    const bool sink = slot == 3 || slot == 21;
+    EXPECT_EQ(slot_equal(k_hat, k, slot), sink) << "key of slot " << slot;
+    EXPECT_EQ(value_equal(v_hat, v, slot), sink) << "value of slot " << slot;
+  }
+  at::Tensor k_other, v_other;
+  unpack_all(*c, p, &k_other, &v_other, kHeads, 0, /*request=*/8);
+  EXPECT_FALSE(slot_equal(k_other, k, 3)) << "another request's token 3 is not a sink";
+  c->release(kRequest);
+  unpack_all(*c, p, &k_other, &v_other, kHeads, 0, kRequest);
+  EXPECT_FALSE(slot_equal(k_other, k, 3)) << "released: the sinks are forgotten";
+}
+
+TEST(RotateKv, RefusesMissingOrMismatchedCalibration) {
+  const ModelShape shape = rotatekv_shape(kHeads);
+  auto attach_error = [&](const std::string& params, const ModelShape& s) {
+    auto loaded = load_compressor(std::string(VC_PLUGIN_DIR) + "/vc_plugin_rotatekv.so", params);
+    EXPECT_TRUE(loaded.ok());
+    return loaded.ok() ? (*loaded)->attach(s).message() : "";
+  };
+  unsetenv("VERICACHE_ROTATEKV_CALIBRATION");
+  EXPECT_EQ(attach_error("{}", shape),
+            "rotatekv: no calibration file: make one with 'vericache calibrate --compressor rotatekv --out "
+            "rotatekv.json', then pass --params '{\"calibration\": \"rotatekv.json\"}' (or set "
+            "VERICACHE_ROTATEKV_CALIBRATION)");
+  EXPECT_EQ(attach_error(R"({"calibration": "/nonexistent/r.json"})", shape),
+            "rotatekv: cannot read calibration file '/nonexistent/r.json'; make one with 'vericache calibrate "
+            "--compressor rotatekv --out /nonexistent/r.json'");
+  const std::string other = write_calibration(shape, 1, shuffled(kHeads * kDim), "fedcba9876543210");
+  EXPECT_EQ(attach_error("{\"calibration\": \"" + other + "\"}", shape),
+            "rotatekv: calibration file '" + other +
+                "' was made for model 'quantizer-test' (fingerprint fedcba9876543210), not this one ('quantizer-test', "
+                "fingerprint 0123456789abcdef); make one with 'vericache calibrate --compressor rotatekv --out " + other +
+                "' --model <this model>");
+  std::vector<int32_t> repeated = shuffled(kHeads * kDim);
+  repeated[1] = repeated[0];
+  const std::string broken = write_calibration(shape, 1, repeated);
+  EXPECT_EQ(attach_error("{\"calibration\": \"" + broken + "\"}", shape),
+            "rotatekv: calibration file '" + broken + "': a layer's key_order is not a permutation of 192 channels");
+  auto c = rotatekv("{\"group_size\": 80, \"calibration\": \"" + write_calibration(shape, 1, shuffled(kHeads * kDim)) +
+                        "\"}",
+                    shape);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->packed_format(layout()).status().message(),
+            "rotatekv: 'group_size' (80) must divide the 192 channels of a token's keys (n_kv_heads * head_dim)");
 }
 
 }  // namespace

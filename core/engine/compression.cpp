@@ -106,7 +106,7 @@ Result<PackedFormat> checked_packed_format(Compressor& compressor, const KvPageS
 }
 
 Status pack_front(Compressor& compressor, const PackedFormat& format, PagePool& pool, PackedPagePool& packed,
-                  SequenceKv& kv) {
+                  SequenceKv& kv, int64_t request_id) {
   const int64_t ps = pool.spec().page_size;
   for (int64_t l = 0; l < kv.n_layers(); ++l) {
     const int64_t n = kv.length(l) / format.flush_slots * format.flush_slots;
@@ -123,7 +123,7 @@ Status pack_front(Compressor& compressor, const PackedFormat& format, PagePool& 
     }
     std::vector<int32_t> pages;
     VC_RETURN_IF_ERROR(packed.allocate(n_pages, &pages));
-    PackedPages dest{packed.storage(), pages, positions};
+    PackedPages dest{packed.storage(), pages, positions, request_id};
     if (Status s = compressor.pack(l, k, v, dest); !s.ok()) {
       packed.release(pages);
       return s;

@@ -55,9 +55,10 @@ Result<PackedFormat> checked_packed_format(Compressor& compressor, const KvPageS
 // in whole blocks of format.flush_slots through compressor.pack() into new pages of `packed`, then
 // frees their float pages (SequenceKv::move_front_to_packed). Call it only when every float slot is
 // committed (no drafts). On failure (the compressor's, or OutOfPages from `packed`) the failing
-// layer is left as it was and earlier layers stay packed: the cache stays valid.
+// layer is left as it was and earlier layers stay packed: the cache stays valid. `request_id` is
+// the id the compressor saw this request's activations under (PackedPages::request_id).
 Status pack_front(Compressor& compressor, const PackedFormat& format, PagePool& pool, PackedPagePool& packed,
-                  SequenceKv& kv);
+                  SequenceKv& kv, int64_t request_id);
 
 // A quantizer's packing for a cache outside the engine (the engine keeps its own): the compressor,
 // its checked packed format and the pool that receives the packed pages. Borrowed.
@@ -65,6 +66,7 @@ struct Packing {
   Compressor* quantizer = nullptr;
   PackedFormat format;
   PackedPagePool* pool = nullptr;
+  int64_t request_id = 0;  // as the compressor saw the prompt's activations
 };
 
 struct CompressionTimes {

@@ -25,9 +25,10 @@ Status step(const LlamaModel& model, PagePool& pool, SequenceKv& kv, int32_t tok
   const int32_t tokens[] = {token};
   const int32_t positions[] = {static_cast<int32_t>(position)};
   if (packing != nullptr) {
-    const ForwardItem item{tokens, positions, &kv, &pool, LogitRows::kLast, 0, packing->pool, packing->quantizer};
+    const ForwardItem item{tokens,        positions,    &kv, &pool, LogitRows::kLast, packing->request_id,
+                           packing->pool, packing->quantizer};
     VC_RETURN_IF_ERROR(model.forward(std::span(&item, 1), logits));
-    return pack_front(*packing->quantizer, packing->format, pool, *packing->pool, kv);
+    return pack_front(*packing->quantizer, packing->format, pool, *packing->pool, kv, packing->request_id);
   }
   const ForwardItem item{tokens, positions, &kv, &pool, LogitRows::kLast, 0};
   if (online == nullptr) return model.forward(std::span(&item, 1), logits);

@@ -28,6 +28,7 @@ struct RequestRows {
 
 void narrow_rows(const LayerActivations& all, int64_t begin, int64_t n, RequestRows* out) {
   out->acts.layer = all.layer;
+  out->acts.residual = all.residual.narrow(0, begin, n);
   out->acts.hidden = all.hidden.narrow(0, begin, n);
   out->acts.q = all.q.narrow(0, begin, n);
   out->acts.k = all.k.narrow(0, begin, n);
@@ -80,7 +81,7 @@ struct DraftVerifyEngine::Request {
   std::vector<std::vector<std::vector<int64_t>>> dropped;
   // Online compressor, verify: this window's rows of every layer, kept until the verdict.
   struct Rows {
-    at::Tensor hidden, q, k, v, positions;
+    at::Tensor residual, hidden, q, k, v, positions;
   };
   std::vector<Rows> window_rows;
   std::vector<int32_t> tokens, positions;  // the current forward's input
@@ -465,7 +466,7 @@ Status DraftVerifyEngine::build_compressed(Request& r) {
 }
 
 Status DraftVerifyEngine::pack_comp(Request& r) {
-  return pack_front(*options_.compressor, packed_format_, device_pool_, *packed_pool_, r.comp);
+  return pack_front(*options_.compressor, packed_format_, device_pool_, *packed_pool_, r.comp, r.id);
 }
 
 void DraftVerifyEngine::release_comp(Request& r) {
@@ -541,6 +542,7 @@ void DraftVerifyEngine::commit_window(Request& r, const float* rows) {
         const Request::Rows& w = r.window_rows[l];
         LayerActivations all;
         all.layer = static_cast<int64_t>(l);
+        all.residual = w.residual;
         all.hidden = w.hidden;
         all.q = w.q;
         all.k = w.k;
@@ -667,7 +669,8 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members, double sta
           }
         } else if (phases[i] == Phase::kVerify && !r.window_rows.empty()) {
           r.window_rows[acts.layer] =
-              Request::Rows{acts.hidden.narrow(0, begin, n).clone(), acts.q.narrow(0, begin, n).clone(),
+              Request::Rows{acts.residual.narrow(0, begin, n).clone(), acts.hidden.narrow(0, begin, n).clone(),
+                            acts.q.narrow(0, begin, n).clone(),
                             acts.k.narrow(0, begin, n).clone(), acts.v.narrow(0, begin, n).clone(),
                             acts.positions.narrow(0, begin, n).clone()};
         }

@@ -73,6 +73,7 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     at::Tensor positions_i64 = at::empty({rows}, at::kLong);
     std::copy(positions.begin(), positions.end(), positions_i64.data_ptr<int64_t>());
     const auto f32 = at::TensorOptions().dtype(at::kFloat);
+    acts.residual = at::from_blob(x.data(), {rows, d}, f32);  // updated only after the observer returns
     acts.hidden = at::from_blob(h.data(), {rows, d}, f32);
     acts.q = at::from_blob(qkv.data(), {rows, nh, hd}, {qkv_width, hd, 1}, f32);
     acts.k = at::from_blob(qkv.data() + q_width, {rows, nkv, hd}, {qkv_width, hd, 1}, f32);
@@ -111,7 +112,8 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
       const SequenceKv& kv = *batch[i].kv;
       if (kv.packed_length(l) == 0) continue;
       const int64_t pages = kv.packed_length(l) / page_size[i];
-      const PackedPages src{batch[i].packed_pool->storage(), kv.packed_table(l), kv.packed_positions(l)};
+      const PackedPages src{batch[i].packed_pool->storage(), kv.packed_table(l), kv.packed_positions(l),
+                            batch[i].request_id};
       at::Tensor k_out = prefix_k[i].narrow(0, 0, pages), v_out = prefix_v[i].narrow(0, 0, pages);
       VC_RETURN_IF_ERROR(batch[i].unpacker->unpack(l, src, k_out, v_out));
     }

@@ -172,6 +172,7 @@ Status LlamaModel::forward_torch(std::span<const ForwardItem> batch, const std::
       }
       LayerActivations acts;
       acts.layer = l;
+      acts.residual = x;
       acts.hidden = rms_norm(x, L.attn_norm, c.rms_norm_eps);
       acts.q = q;
       acts.k = k;

@@ -62,7 +62,8 @@ struct PackedFormat {
 struct PackedPages {
   at::Tensor storage;
   std::span<const int32_t> pages;
-  at::Tensor positions;  // int64 [n_kv_heads, pages.size() * page_size] the slots' original positions
+  at::Tensor positions;    // int64 [n_kv_heads, pages.size() * page_size] the slots' original positions
+  int64_t request_id = 0;  // whose slots these are (as in LayerActivations::request_ids)
 };
 
 // What one layer's forward exposes, for every request in the batch (rows concatenated; request i
@@ -71,6 +72,7 @@ struct PackedPages {
 // the forward's buffers, valid during the call only: copy what you keep.
 struct LayerActivations {
   int64_t layer = 0;
+  at::Tensor residual;   // [rows, d_model] the layer's input: the residual stream before that RMSNorm
   at::Tensor hidden;     // [rows, d_model] the attention input (after the pre-attention RMSNorm)
   at::Tensor q;          // [rows, n_heads, head_dim] after RoPE
   at::Tensor k;          // [rows, n_kv_heads, head_dim] after RoPE
