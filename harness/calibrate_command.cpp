@@ -9,8 +9,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -69,16 +67,9 @@ int run_calibrate(int argc, char** argv) {
                                                std::to_string(shape.n_kv_heads) + " KV heads, and head_group * head_dim (" +
                                                std::to_string(width) + ") must be a power of two");
   }
-  std::ifstream in(corpus, std::ios::binary);
-  if (!in) return report_error(Status::not_found(corpus + ": cannot read the calibration corpus"));
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::vector<int32_t> ids = m.tokenizer().encode(text.str(), /*parse_special=*/false);
-  if (static_cast<int64_t>(ids.size()) < passages * passage_tokens) {
-    return report_error(Status::invalid_argument(corpus + " has " + std::to_string(ids.size()) + " tokens; " +
-                                                 std::to_string(passages) + " passages of " + std::to_string(passage_tokens) +
-                                                 " need more (lower --passages or --passage-tokens)"));
-  }
+  auto corpus_ids = corpus_tokens(m, corpus, passages, passage_tokens);
+  if (!corpus_ids.ok()) return report_error(corpus_ids.status());
+  const std::vector<int32_t>& ids = *corpus_ids;
 
   const int64_t channels = shape.n_kv_heads * shape.head_dim;
   const rotatekv::Rope rope(shape.rope_freq_base, shape.head_dim);

@@ -101,6 +101,21 @@ Result<std::string> read_prompt(const std::string& prompt, const std::string& pr
   return ss.str();
 }
 
+Result<std::vector<int32_t>> corpus_tokens(const LlamaModel& model, const std::string& path, int64_t passages,
+                                           int64_t passage_tokens) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::not_found(path + ": cannot read the calibration corpus");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<int32_t> ids = model.tokenizer().encode(text.str(), /*parse_special=*/false);
+  if (static_cast<int64_t>(ids.size()) < passages * passage_tokens) {
+    return Status::invalid_argument(path + " has " + std::to_string(ids.size()) + " tokens; " + std::to_string(passages) +
+                                    " passages of " + std::to_string(passage_tokens) +
+                                    " need more (lower --passages or --passage-tokens)");
+  }
+  return ids;
+}
+
 Result<std::vector<int32_t>> prompt_tokens(const LlamaModel& model, const std::string& text, bool raw,
                                            const std::string& system) {
   const Tokenizer& tok = model.tokenizer();

@@ -65,6 +65,11 @@ Result<std::string> read_prompt(const std::string& prompt, const std::string& pr
 Result<std::vector<int32_t>> prompt_tokens(const LlamaModel& model, const std::string& text, bool raw,
                                            const std::string& system);
 
+// Token ids of a calibration corpus (raw text, no special tokens), which must hold `passages` of
+// `passage_tokens` tokens: NotFound when it cannot be read, InvalidArgument when it is too short.
+Result<std::vector<int32_t>> corpus_tokens(const LlamaModel& model, const std::string& path, int64_t passages,
+                                           int64_t passage_tokens);
+
 // Sets the kernel thread pool and libtorch's intra-op threads: `threads` if positive, else every
 // hardware thread.
 void set_threads(int threads);

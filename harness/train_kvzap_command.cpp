@@ -14,9 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -99,16 +97,9 @@ int run_train_kvzap(int argc, char** argv) {
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
   const ModelShape shape = m.shape();
-  std::ifstream in(corpus, std::ios::binary);
-  if (!in) return report_error(Status::not_found(corpus + ": cannot read the calibration corpus"));
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::vector<int32_t> corpus_ids = m.tokenizer().encode(text.str(), /*parse_special=*/false);
-  if (static_cast<int64_t>(corpus_ids.size()) < passages * passage_tokens) {
-    return report_error(Status::invalid_argument(corpus + " has " + std::to_string(corpus_ids.size()) + " tokens; " +
-                                                 std::to_string(passages) + " passages of " + std::to_string(passage_tokens) +
-                                                 " need more (lower --passages or --passage-tokens)"));
-  }
+  auto read = corpus_tokens(m, corpus, passages, passage_tokens);
+  if (!read.ok()) return report_error(read.status());
+  const std::vector<int32_t>& corpus_ids = *read;
   // The chat template around a passage: [prefix | passage | suffix].
   auto wrapped = prompt_tokens(m, "\x01", /*raw=*/false, "");
   if (!wrapped.ok()) return report_error(wrapped.status());

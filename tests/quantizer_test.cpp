@@ -108,20 +108,28 @@ void unpack_all(Compressor& c, const Packed& p, at::Tensor* k, at::Tensor* v, in
   EXPECT_TRUE(s.ok()) << s.message();
 }
 
+// A quantizer's page for layout(): per slot H*d key codes and H*d value codes of `bits` bits and 32
+// bits of parameters per group of G keys and per group of G values; packed in blocks of `flush`.
+Result<PackedFormat> expect_page_bit_math(Compressor& c, int bits, int64_t group, int64_t flush) {
+  auto f = c.packed_format(layout());
+  EXPECT_TRUE(f.ok()) << f.status().message();
+  if (!f.ok()) return f;
+  const int64_t per_slot_bits = 2 * kHeads * kDim * bits + 2 * (kHeads * kDim / group) * 32;
+  EXPECT_EQ(f->bytes_per_page * 8, kPage * per_slot_bits) << c.name() << " " << bits << " bits, G = " << group;
+  EXPECT_EQ(f->bit_scheme, bits);
+  EXPECT_EQ(f->flush_slots, flush);
+  return f;
+}
+
 TEST(Kivi, PackedPageHoldsTheBitMath) {
   for (int bits : {2, 3, 4, 8}) {
     for (int64_t group : {16, 32, 64}) {
       auto c = kivi("{\"bits\": " + std::to_string(bits) + ", \"group_size\": " + std::to_string(group) +
                     ", \"residual_length\": 128}");
       ASSERT_NE(c, nullptr);
-      auto f = c->packed_format(layout());
-      ASSERT_TRUE(f.ok()) << f.status().message();
-      // Per slot: H*d key codes and H*d value codes of `bits` bits, and a float16 (scale, min) pair
-      // per G keys of a channel and per G values of a token.
-      const int64_t per_slot_bits = 2 * kHeads * kDim * bits + 2 * (kHeads * kDim / group) * 32;
-      EXPECT_EQ(f->bytes_per_page * 8, kPage * per_slot_bits) << bits << " bits, G = " << group;
-      EXPECT_EQ(f->bit_scheme, bits);
-      EXPECT_EQ(f->flush_slots, 128);
+      // KIVI's parameters: a float16 (scale, min) pair per G keys of a channel and per G values of a token.
+      auto f = expect_page_bit_math(*c, bits, group, 128);
+      ASSERT_TRUE(f.ok());
       std::printf("kivi %d bits G=%lld: %lld bytes per slot, %.4f of float32\n", bits, static_cast<long long>(group),
                   static_cast<long long>(f->bytes_per_page / kPage),
                   static_cast<double>(f->bytes_per_page) / (kPage * 2 * kHeads * kDim * 4));
@@ -330,14 +338,9 @@ TEST(RotateKv, PackedPageHoldsTheBitMath) {
                             ", \"calibration\": \"" + file + "\"}",
                         shape);
       ASSERT_NE(c, nullptr);
-      auto f = c->packed_format(layout());
-      ASSERT_TRUE(f.ok()) << f.status().message();
-      // Per slot: H*d key codes and H*d value codes of `bits` bits, and a float16 scale and an int16
-      // zero point per G keys and per G values of the token.
-      const int64_t per_slot_bits = 2 * kHeads * kDim * bits + 2 * (kHeads * kDim / group) * 32;
-      EXPECT_EQ(f->bytes_per_page * 8, kPage * per_slot_bits) << bits << " bits, G = " << group;
-      EXPECT_EQ(f->bit_scheme, bits);
-      EXPECT_EQ(f->flush_slots, kPage) << "no residual window: each page is packed once it is committed";
+      // RotateKV's parameters: a float16 scale and an int16 zero point per G keys and per G values of
+      // a token. No residual window: each page is packed once it is committed.
+      EXPECT_TRUE(expect_page_bit_math(*c, bits, group, kPage).ok());
     }
   }
 }
