@@ -73,7 +73,8 @@ int run_calibrate(int argc, char** argv) {
 
   const int64_t channels = shape.n_kv_heads * shape.head_dim;
   const rotatekv::Rope rope(shape.rope_freq_base, shape.head_dim);
-  std::vector<at::Tensor> sums(shape.n_layers, at::zeros({channels}, at::kDouble));
+  std::vector<at::Tensor> sums;  // one accumulator per layer (not copies of one tensor: they would share storage)
+  for (int64_t l = 0; l < shape.n_layers; ++l) sums.push_back(at::zeros({channels}, at::kDouble));
   const auto start_time = std::chrono::steady_clock::now();
   const int64_t stride = static_cast<int64_t>(ids.size()) / passages;
   for (int64_t p = 0; p < passages; ++p) {

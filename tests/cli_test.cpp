@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -229,6 +231,30 @@ TEST(Cli, PluginsListsDescriptorsAndRefusals) {
   }
   EXPECT_TRUE(expected.empty()) << expected.begin()->first << " not listed: " << r.out;
   EXPECT_EQ(out["rejected"].size(), 3u);
+}
+
+// `vericache calibrate --compressor rotatekv` writes one key-channel order per layer, each a
+// permutation, and different layers get different orders (their keys differ).
+TEST(Cli, CalibrateWritesOneKeyOrderPerLayer) {
+  const std::string out = testing::temp_dir() + "/rotatekv.json";
+  const CliRun r = run_vericache("calibrate --compressor rotatekv --passages 2 --passage-tokens 64 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(out);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["format"], "vericache-calibration");
+  EXPECT_EQ(j["compressor"], "rotatekv");
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["head_group"], 1) << "SmolLM2 has 3 KV heads: no grouping";
+  ASSERT_EQ(j["layers"].size(), 30u);
+  std::set<std::vector<int>> distinct;
+  for (const auto& layer : j["layers"]) {
+    std::vector<int> order = layer["key_order"].get<std::vector<int>>();
+    std::vector<int> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    for (int i = 0; i < 192; ++i) ASSERT_EQ(sorted.at(i), i) << "not a permutation of the 192 key channels";
+    distinct.insert(order);
+  }
+  EXPECT_EQ(distinct.size(), 30u) << "every layer has its own order";
 }
 
 // A quantizer's cache must be packed to mean anything: the commands that do not pack refuse it.
