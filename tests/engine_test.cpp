@@ -194,7 +194,8 @@ TEST(Lossless, LongPrompts) {
 }
 
 // Qwen2.5-Coder 0.5B (qwen2): two medium prompts and one of 2K+ tokens in one batch, every plugin
-// at c = 0.25 with x = 4 and 16: every request identical to full-KV decoding.
+// (droppers at c = 0.25, quantizers at 2 bits; RotateKV's keys rotated two KV heads together) with
+// x = 4 and 16: every request identical to full-KV decoding.
 TEST(Lossless, Qwen2EveryPlugin) {
   const LlamaModel* m = testing::qwen_model();
   ASSERT_NE(m, nullptr);
