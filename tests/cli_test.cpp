@@ -220,7 +220,7 @@ TEST(Cli, PluginsListsDescriptorsAndRefusals) {
       {"streaming_llm", {"token-dropping", "offline"}}, {"snapkv", {"token-dropping", "offline"}},
       {"expected_attention", {"token-dropping", "offline"}}, {"kvzip", {"token-dropping", "offline"}},
       {"kvzap", {"token-dropping", "online"}}, {"kivi", {"quantization", "online"}},
-      {"rotatekv", {"quantization", "online"}}};
+      {"rotatekv", {"quantization", "online"}}, {"kvquant", {"quantization", "online"}}};
   for (const auto& p : out["plugins"]) {
     const auto it = expected.find(p["name"]);
     if (it == expected.end()) continue;
@@ -255,6 +255,46 @@ TEST(Cli, CalibrateWritesOneKeyOrderPerLayer) {
     distinct.insert(order);
   }
   EXPECT_EQ(distinct.size(), 30u) << "every layer has its own order";
+}
+
+// `vericache calibrate --compressor kvquant` writes per layer a key range per channel (lower below
+// upper) and, for keys and values at 2, 3, 4 and 8 bits, 2^b increasing centroids in [-1, 1] with
+// Q-Norm terms near the identity; different layers get different ranges.
+TEST(Cli, CalibrateKvquantWritesRangesAndDatatypes) {
+  const std::string out = testing::temp_dir() + "/kvquant.json";
+  const CliRun r = run_vericache("calibrate --compressor kvquant --passages 2 --passage-tokens 64 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(out);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["compressor"], "kvquant");
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["outlier_fraction"], 0.01);
+  ASSERT_EQ(j["layers"].size(), 30u);
+  std::set<std::vector<float>> distinct;
+  for (const auto& layer : j["layers"]) {
+    const auto lower = layer["key_lower"].get<std::vector<float>>(), upper = layer["key_upper"].get<std::vector<float>>();
+    ASSERT_EQ(lower.size(), 192u);
+    ASSERT_EQ(upper.size(), 192u);
+    for (size_t c = 0; c < lower.size(); ++c) ASSERT_LT(lower[c], upper[c]) << "channel " << c;
+    distinct.insert(upper);
+    for (const char* types : {"key_types", "value_types"}) {
+      for (int bits : {2, 3, 4, 8}) {
+        const auto& d = layer[types][std::to_string(bits)];
+        const auto c = d["centroids"].get<std::vector<float>>();
+        ASSERT_EQ(c.size(), size_t{1} << bits) << types << " " << bits;
+        for (size_t i = 0; i < c.size(); ++i) {
+          ASSERT_GE(c[i], -1.0f);
+          ASSERT_LE(c[i], 1.0f);
+          if (i > 0) {
+            ASSERT_LT(c[i - 1], c[i]) << types << " " << bits << " bits: not increasing";
+          }
+        }
+        EXPECT_NEAR(d["norm_scale"].get<double>(), 1.0, 0.25) << types << " " << bits;
+        EXPECT_NEAR(d["norm_offset"].get<double>(), 0.0, 0.1) << types << " " << bits;
+      }
+    }
+  }
+  EXPECT_EQ(distinct.size(), 30u) << "every layer has its own key ranges";
 }
 
 // A quantizer's cache must be packed to mean anything: the commands that do not pack refuse it.

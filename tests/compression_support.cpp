@@ -49,11 +49,16 @@ const std::string& rotatekv_calibration(const std::string& model_path) {
   return made_by_vericache("calibrate --compressor rotatekv --passages 4 --passage-tokens 256", model_path);
 }
 
+const std::string& kvquant_calibration(const std::string& model_path) {
+  return made_by_vericache("calibrate --compressor kvquant --passages 4 --passage-tokens 256", model_path);
+}
+
 std::string params_for(const std::string& plugin, const std::string& model_path) {
   if (plugin == "kvzap") {
     return R"({"weights": ")" + kvzap_weights(model_path) + R"(", "window": )" + std::to_string(kKvzapWindow) + "}";
   }
   if (plugin == "rotatekv") return R"({"calibration": ")" + rotatekv_calibration(model_path) + R"("})";
+  if (plugin == "kvquant") return R"({"calibration": ")" + kvquant_calibration(model_path) + R"("})";
   return "{}";
 }
 

@@ -23,9 +23,11 @@ const std::string& kvzap_weights(const std::string& model_path);
 // RotateKV's calibration for the model at `model_path`, made the same way by the real `vericache
 // calibrate --compressor rotatekv` (4 passages of 256 tokens).
 const std::string& rotatekv_calibration(const std::string& model_path);
+// KVQuant's, by `vericache calibrate --compressor kvquant` (4 passages of 256 tokens).
+const std::string& kvquant_calibration(const std::string& model_path);
 // The parameters the tests run a bundled plugin with on the model at `model_path` ("{}", KVzap's
-// weights for that model and its window, or RotateKV's calibration); without a path, the default
-// model.
+// weights for that model and its window, or RotateKV's or KVQuant's calibration); without a path,
+// the default model.
 std::string params_for(const std::string& plugin, const std::string& model_path);
 std::string params_for(const std::string& plugin);
 

@@ -278,7 +278,7 @@ TEST(Divergence, QuantizedCachesAreCloseToFullKvButNotEqual) {
   ASSERT_TRUE(base.append_range(*pool, full, *pool, 0, n).ok());
   auto reference = full_kv_greedy_reference(*m, *pool, full, first, n, steps);
   ASSERT_TRUE(reference.ok()) << reference.status().message();
-  for (const std::string name : {"kivi", "rotatekv"}) {
+  for (const std::string name : {"kivi", "rotatekv", "kvquant"}) {
     std::map<int, double> mean_kl;
     for (int bits : {2, 4}) {
       std::string params = params_for(name);

@@ -115,8 +115,8 @@ TEST(Lossless, EveryPluginRatioDraftLengthAndBatch) {
 }
 
 // Each quantizer as the drafter at every bit width: its packed pages are what drafting reads (KIVI
-// keeps a residual of one block of 32 tokens, RotateKV of at most one page, so nearly the whole
-// prompt is packed), and the output is still full-KV greedy; draft lengths 1 to 25, batch 1 and 8,
+// keeps a residual of one block of 32 tokens, RotateKV and KVQuant of at most one page, so nearly
+// the whole prompt is packed), and the output is still full-KV greedy; draft lengths 1 to 25, batch 1 and 8,
 // both ways of keeping accepted K/V. RotateKV sees the prompts' prefill and keeps their sinks.
 TEST(Lossless, QuantizersAtEveryBitWidth) {
   const LlamaModel* m = testing::default_model();
@@ -127,14 +127,21 @@ TEST(Lossless, QuantizersAtEveryBitWidth) {
     int batch;
   };
   const std::vector<Case> cases = {{2, 25, 1}, {3, 4, 8}, {4, 16, 1}, {8, 1, 1}};
-  // Per quantizer: its parameters besides bits, its value/key group G and its float residual.
+  // Per quantizer: its parameters besides bits, the bytes of its parameters per byte of a float slot
+  // (KIVI, RotateKV: two 16-bit numbers per group of G keys and of G values, 1 / G; KVQuant: a value
+  // range and 4 bytes per outlier, 2 outliers of 192 channels for keys and for values, over 2 * 192 *
+  // 4 bytes) and its float residual.
   struct Quantizer {
     std::string name, params;
-    int64_t group, residual;
+    double parameters;
+    int64_t residual;
   };
+  const double head_dim = static_cast<double>(m->config().head_dim);
   const std::vector<Quantizer> quantizers = {
-      {"kivi", "\"group_size\": 32, \"residual_length\": 32", 32, 32},
-      {"rotatekv", "\"calibration\": \"" + testing::rotatekv_calibration(m->path()) + "\"", m->config().head_dim, 16}};
+      {"kivi", "\"group_size\": 32, \"residual_length\": 32", 1.0 / 32, 32},
+      {"rotatekv", "\"calibration\": \"" + testing::rotatekv_calibration(m->path()) + "\"", 1.0 / head_dim, 16},
+      {"kvquant", "\"calibration\": \"" + testing::kvquant_calibration(m->path()) + "\"", (4.0 + 2 * 2 * 4) / (2 * 192 * 4),
+       16}};
   int prompt_offset = 20;
   for (const Quantizer& q : quantizers) {
     for (size_t k = 0; k < cases.size(); ++k) {
@@ -152,9 +159,9 @@ TEST(Lossless, QuantizersAtEveryBitWidth) {
       const std::string label = q.name + " bits=" + std::to_string(c.bits) + " x=" + std::to_string(c.x);
       expect_identical(run, full_kv(*m, requests), label);
       for (const EngineResult& r : run.results) EXPECT_EQ(r.compressor_failure, "") << label;
-      // Packed slots cost bits / 32 of a float slot plus 4 bytes (two 16-bit numbers) per group of G
-      // keys and of G values; the float residual adds at most `residual` float slots per layer.
-      const double packed_fraction = c.bits / 32.0 + 4.0 / (static_cast<double>(q.group) * 4.0);
+      // Packed slots cost bits / 32 of a float slot plus their parameters; the float residual adds
+      // at most `residual` float slots per layer.
+      const double packed_fraction = c.bits / 32.0 + q.parameters;
       const double layers = static_cast<double>(m->config().n_layers);
       const double float_slot_bytes = static_cast<double>(run.totals.full_kv_bytes) / run.totals.full_kv_slots;
       const double bound = packed_fraction * run.totals.full_kv_bytes +

@@ -482,5 +482,249 @@ TEST(RotateKv, RefusesMissingOrMismatchedCalibration) {
             "rotatekv: 'group_size' (80) must divide the 192 channels of a token's keys (n_kv_heads * head_dim)");
 }
 
+
+// --- KVQuant ----------------------------------------------------------------------------------
+
+// A KVQuant calibration file in the documented format (plugins/kvquant/kvquant_calibration.h),
+// written here by hand: key ranges [lower, upper] per channel, for every bit width the datatype
+// `centroids(bits)` with Q-Norm terms (1.1, 0.01).
+std::vector<float> centroids(int bits) {
+  // Denser near 0, as k-means puts them on bell-shaped data: sign(u) |u|^1.5 on an even grid.
+  std::vector<float> c;
+  const int n = 1 << bits;
+  for (int i = 0; i < n; ++i) {
+    const double u = -1.0 + (2.0 * i + 1.0) / n;
+    c.push_back(static_cast<float>(std::copysign(std::pow(std::abs(u), 1.5), u)));
+  }
+  return c;
+}
+
+std::string write_kvquant_calibration(const ModelShape& shape, const std::vector<float>& lower,
+                                      const std::vector<float>& upper, double outlier_fraction = 0.01,
+                                      int broken_bits = 0) {
+  nlohmann::json types = nlohmann::json::object();
+  for (int bits : {2, 3, 4, 8}) {
+    std::vector<float> c = centroids(bits);
+    if (bits == broken_bits) std::swap(c[0], c[1]);
+    types[std::to_string(bits)] = {{"centroids", c}, {"norm_scale", 1.1}, {"norm_offset", 0.01}};
+  }
+  const nlohmann::json j{{"format", "vericache-calibration"},
+                         {"compressor", "kvquant"},
+                         {"version", 1},
+                         {"model",
+                          {{"name", shape.name}, {"fingerprint", shape.fingerprint}, {"n_layers", 1},
+                           {"n_kv_heads", shape.n_kv_heads}, {"head_dim", shape.head_dim}}},
+                         {"outlier_fraction", outlier_fraction},
+                         {"layers", nlohmann::json::array({nlohmann::json{
+                                        {"key_lower", lower}, {"key_upper", upper}, {"key_types", types}, {"value_types", types}}})},
+                         {"calibration", {{"by", "quantizer_test"}}}};
+  static std::vector<std::string> written;
+  static const struct RemoveAtExit {
+    ~RemoveAtExit() {
+      for (const std::string& file : written) std::filesystem::remove(file);
+    }
+  } cleanup;
+  const std::string path = std::filesystem::temp_directory_path() / ("vericache_kvquant_" + std::to_string(getpid()) +
+                                                                     "_" + std::to_string(written.size()) + ".json");
+  written.push_back(path);
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+// Key ranges wide enough for random_pages' keys (normal, sd 2) but for the planted outliers, and
+// uneven across channels: [-9 - c/64, 8 + c/32].
+std::string kvquant_calibration(const ModelShape& shape, double outlier_fraction = 0.01) {
+  std::vector<float> lower, upper;
+  for (int64_t c = 0; c < shape.n_kv_heads * shape.head_dim; ++c) {
+    lower.push_back(-9.0f - static_cast<float>(c) / 64);
+    upper.push_back(8.0f + static_cast<float>(c) / 32);
+  }
+  return write_kvquant_calibration(shape, lower, upper, outlier_fraction);
+}
+
+std::shared_ptr<Compressor> kvquant(const std::string& params, const ModelShape& shape) {
+  auto loaded = load_compressor(std::string(VC_PLUGIN_DIR) + "/vc_plugin_kvquant.so", params);
+  EXPECT_TRUE(loaded.ok()) << loaded.status().message();
+  if (!loaded.ok()) return nullptr;
+  const Status attached = (*loaded)->attach(shape);
+  EXPECT_TRUE(attached.ok()) << attached.message();
+  return attached.ok() ? *loaded : nullptr;
+}
+
+std::string kvquant_params(int bits, const std::string& file, const std::string& more = "") {
+  return "{\"bits\": " + std::to_string(bits) + ", \"calibration\": \"" + file + "\"" + more + "}";
+}
+
+TEST(KvQuant, PackedPageHoldsTheBitMath) {
+  const ModelShape shape = rotatekv_shape(kHeads);
+  // Outliers per token: the fraction of the 192 channels, rounded up.
+  for (const auto& [fraction, capacity] : {std::pair(0.01, 2), std::pair(0.0, 0), std::pair(0.05, 10)}) {
+    const std::string file = kvquant_calibration(shape, fraction);
+    for (int bits : {2, 3, 4, 8}) {
+      auto c = kvquant(kvquant_params(bits, file), shape);
+      ASSERT_NE(c, nullptr);
+      auto f = c->packed_format(layout());
+      ASSERT_TRUE(f.ok()) << f.status().message();
+      // Per token: H*d key codes and H*d value codes of b bits, a float16 (zero, half) value range,
+      // and (uint16 channel, float16 value) per outlier for keys and again for values. No residual
+      // window: key ranges are static, each page is packed once it is committed.
+      const int64_t per_slot_bits = 2 * kHeads * kDim * bits + 32 + 2 * capacity * 32;
+      EXPECT_EQ(f->bytes_per_page * 8, kPage * per_slot_bits) << bits << " bits, outlier fraction " << fraction;
+      EXPECT_EQ(f->bit_scheme, bits);
+      EXPECT_EQ(f->flush_slots, kPage);
+    }
+  }
+}
+
+// KVQuant's round trip written independently with tensor operations (ties between centroids and
+// between outlier candidates do not occur on these random values).
+void kvquant_reference(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions, const std::string& file,
+                       int bits, bool qnorm, int64_t capacity, at::Tensor* k_out, at::Tensor* v_out,
+                       at::Tensor* k_bound) {
+  const int64_t pages = k.size(0), heads = k.size(1), n = pages * kPage, channels = heads * kDim;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(file));
+  const nlohmann::json& layer = j["layers"][0];
+  const at::Tensor lower = at::tensor(layer["key_lower"].get<std::vector<float>>());
+  const at::Tensor upper = at::tensor(layer["key_upper"].get<std::vector<float>>());
+  const at::Tensor c = at::tensor(centroids(bits));
+  const at::Tensor levels = qnorm ? c * 1.1f + 0.01f : c;
+  // The largest rounding error of an entry inside [-1, 1]: half the widest gap, or an end's distance.
+  const at::Tensor gaps = (c.narrow(0, 1, c.size(0) - 1) - c.narrow(0, 0, c.size(0) - 1)) / 2;
+  const double worst =
+      std::max({gaps.max().item<double>(), 1.0 - c[-1].item<double>(), 1.0 + c[0].item<double>()});
+  auto round_to_levels = [&](const at::Tensor& x) {  // x [rows, N] normalized -> levels of the nearest centroid
+    return levels.index_select(0, (x.unsqueeze(-1) - c).abs().argmin(-1).reshape({-1})).reshape(x.sizes());
+  };
+  auto with_outliers = [](const at::Tensor& x_hat, const at::Tensor& x, const at::Tensor& outlier) {
+    return at::where(outlier, x.to(at::kHalf).to(at::kFloat), x_hat);
+  };
+
+  // Keys: RoPE undone, per channel against the calibrated range; outliers: outside the range, the
+  // `capacity` farthest out.
+  const at::Tensor keys = rope(k.permute({0, 3, 1, 2}).reshape({n, heads, kDim}), positions, true).reshape({n, channels});
+  const at::Tensor zero = (upper + lower) / 2, half = (upper - lower) / 2;
+  const at::Tensor kn = (keys - zero) / half;
+  const at::Tensor far = at::where(kn.abs() > 1, kn.abs(), at::zeros_like(kn));
+  const at::Tensor k_idx = std::get<1>(far.topk(capacity, 1));
+  const at::Tensor k_outlier = at::zeros_like(kn, at::kBool).scatter(1, k_idx, far.gather(1, k_idx) > 0);
+  const at::Tensor k_hat = with_outliers(round_to_levels(kn) * half + zero, keys, k_outlier);
+  *k_bound = (half * worst).expand({n, channels});
+  *k_out = rope(k_hat.reshape({n, heads, kDim}), positions, false).reshape({pages, kPage, heads, kDim}).permute({0, 2, 3, 1}).contiguous();
+
+  // Values: per token; outliers: the `capacity` farthest from the lower median; range of the rest.
+  const at::Tensor values = v.permute({0, 2, 1, 3}).reshape({n, channels});
+  const at::Tensor median = std::get<0>(values.sort(1)).select(1, (channels - 1) / 2).unsqueeze(1);
+  const at::Tensor v_idx = std::get<1>((values - median).abs().topk(capacity, 1));
+  const at::Tensor outlier = at::zeros_like(values, at::kBool).scatter(1, v_idx, true);
+  const at::Tensor hi = std::get<0>(at::where(outlier, at::full_like(values, -INFINITY), values).max(1, true));
+  const at::Tensor lo = std::get<0>(at::where(outlier, at::full_like(values, INFINITY), values).min(1, true));
+  const at::Tensor v_zero = ((hi + lo) / 2).to(at::kHalf).to(at::kFloat), v_half = ((hi - lo) / 2).to(at::kHalf).to(at::kFloat);
+  const at::Tensor v_hat = with_outliers(round_to_levels((values - v_zero) / v_half) * v_half + v_zero, values, outlier);
+  *v_out = v_hat.reshape({pages, kPage, heads, kDim}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// The round trip equals the reference (up to float rounding of RoPE, which may move a value across a
+// rounding boundary: at most one entry in a thousand), and without Q-Norm every key entry inside its
+// calibrated range comes back within the datatype's largest rounding error times the channel's
+// half range (checked per head before RoPE, which is orthogonal).
+TEST(KvQuant, RoundTripEqualsTheReference) {
+  constexpr int64_t kPages = 3;
+  const ModelShape shape = rotatekv_shape(kHeads);
+  const std::string file = kvquant_calibration(shape);
+  for (int bits : {2, 3, 4, 8}) {
+    for (bool qnorm : {false, true}) {
+      const std::string label = std::to_string(bits) + " bits, qnorm " + (qnorm ? "on" : "off");
+      auto c = kvquant(kvquant_params(bits, file, std::string(", \"first_tokens\": 0, \"qnorm\": ") + (qnorm ? "true" : "false")),
+                       shape);
+      ASSERT_NE(c, nullptr);
+      auto f = c->packed_format(layout());
+      ASSERT_TRUE(f.ok()) << f.status().message();
+      at::Tensor k, v, k_hat, v_hat, k_ref, v_ref, k_bound;
+      random_pages(kPages, &k, &v);
+      const Packed p = pack_blocks(*c, *f, k, v, 1, /*first_position=*/1000);
+      unpack_all(*c, p, &k_hat, &v_hat, kHeads, 1000);
+      const at::Tensor positions = at::arange(1000, 1000 + kPages * kPage, at::kLong);
+      kvquant_reference(k, v, positions, file, bits, qnorm, 2, &k_ref, &v_ref, &k_bound);
+      for (const auto& [got, want, what] : {std::tuple(k_hat, k_ref, "keys"), std::tuple(v_hat, v_ref, "values")}) {
+        const double off = ((got - want).abs() > 1e-3 + 1e-3 * want.abs()).to(at::kDouble).mean().item<double>();
+        EXPECT_LE(off, 1e-3) << label << ": " << what << " differ from the reference in " << off * 100 << "% of entries";
+      }
+      if (!qnorm) {
+        const int64_t n = kPages * kPage;
+        const at::Tensor pre = rope(k.permute({0, 3, 1, 2}).reshape({n, kHeads, kDim}), positions, true).reshape({n, -1});
+        const at::Tensor pre_hat = rope(k_hat.permute({0, 3, 1, 2}).reshape({n, kHeads, kDim}), positions, true).reshape({n, -1});
+        const at::Tensor inside = (pre.abs() < 8.0f);  // every channel's range holds [-8, 8]
+        const at::Tensor err = (pre_hat - pre).abs();
+        EXPECT_TRUE((at::where(inside, err - k_bound * 1.0001 - 1e-4, at::zeros_like(err)) <= 0).all().item<bool>())
+            << label << ": a key inside its range is off by more than the datatype's rounding";
+      }
+    }
+  }
+}
+
+// Outliers come back as their float16 values; with first_tokens = 3 the first three positions come
+// back bit for bit and later ones do not; a released request's first tokens are gone.
+TEST(KvQuant, OutliersAndFirstTokensComeBackExact) {
+  const ModelShape shape = rotatekv_shape(kHeads);
+  const std::string file = kvquant_calibration(shape);
+  at::Tensor k, v, k_hat, v_hat;
+  random_pages(2, &k, &v);
+  k.index_put_({0, 1, 6, 0}, 30.5);   // slot 0 (position 0: RoPE leaves it alone), head 1, channel 6
+  v.index_put_({1, 0, 4, 9}, -25.0);  // random_pages' value outlier: slot 20, head 0, channel 9
+  {
+    auto c = kvquant(kvquant_params(4, file, ", \"first_tokens\": 0"), shape);
+    ASSERT_NE(c, nullptr);
+    const Packed p = pack_blocks(*c, *c->packed_format(layout()), k, v, 2);
+    unpack_all(*c, p, &k_hat, &v_hat);
+    EXPECT_EQ(k_hat[0][1][6][0].item<float>(), 30.5f);
+    EXPECT_EQ(v_hat[1][0][4][9].item<float>(), -25.0f);
+    EXPECT_FALSE(at::equal(k_hat[0].select(2, 0), k[0].select(2, 0))) << "first_tokens 0 keeps no token exact";
+  }
+  constexpr int64_t kRequest = 5;
+  auto c = kvquant(kvquant_params(2, file, ", \"first_tokens\": 3"), shape);
+  ASSERT_NE(c, nullptr);
+  const Packed p = pack_blocks(*c, *c->packed_format(layout()), k, v, 1, 0, kRequest);
+  unpack_all(*c, p, &k_hat, &v_hat, kHeads, 0, kRequest);
+  for (int64_t slot = 0; slot < 2 * kPage; ++slot) {
+    const bool exact = slot < 3;
+    EXPECT_EQ(at::equal(k_hat[slot / kPage].select(2, slot % kPage), k[slot / kPage].select(2, slot % kPage)), exact)
+        << "key of slot " << slot;
+    EXPECT_EQ(at::equal(v_hat[slot / kPage].select(1, slot % kPage), v[slot / kPage].select(1, slot % kPage)), exact)
+        << "value of slot " << slot;
+  }
+  c->release(kRequest);
+  unpack_all(*c, p, &k_hat, &v_hat, kHeads, 0, kRequest);
+  EXPECT_FALSE(at::equal(v_hat[0].select(1, 1), v[0].select(1, 1))) << "released: the first tokens are forgotten";
+}
+
+TEST(KvQuant, RefusesMissingOrMismatchedCalibration) {
+  const ModelShape shape = rotatekv_shape(kHeads);
+  auto attach_error = [&](const std::string& params) {
+    auto loaded = load_compressor(std::string(VC_PLUGIN_DIR) + "/vc_plugin_kvquant.so", params);
+    EXPECT_TRUE(loaded.ok());
+    return loaded.ok() ? (*loaded)->attach(shape).message() : "";
+  };
+  unsetenv("VERICACHE_KVQUANT_CALIBRATION");
+  EXPECT_EQ(attach_error("{}"),
+            "kvquant: no calibration file: make one with 'vericache calibrate --compressor kvquant --out "
+            "kvquant.json', then pass --params '{\"calibration\": \"kvquant.json\"}' (or set "
+            "VERICACHE_KVQUANT_CALIBRATION)");
+  // A RotateKV file is not a KVQuant one.
+  const std::string rotatekv_file = write_calibration(shape, 1, shuffled(kHeads * kDim));
+  EXPECT_EQ(attach_error("{\"calibration\": \"" + rotatekv_file + "\"}"),
+            "kvquant: calibration file '" + rotatekv_file +
+                "' is not a KVQuant vericache-calibration JSON file; make one with 'vericache calibrate --compressor "
+                "kvquant --out " + rotatekv_file + "'");
+  const std::vector<float> lower(kHeads * kDim, -1.0f), upper(kHeads * kDim, 1.0f);
+  const std::string unordered = write_kvquant_calibration(shape, lower, upper, 0.01, /*broken_bits=*/3);
+  EXPECT_EQ(attach_error("{\"calibration\": \"" + unordered + "\"}"),
+            "kvquant: calibration file '" + unordered + "': a layer's 3-bit key datatype is not 8 increasing centroids");
+  const std::string short_range = write_kvquant_calibration(shape, std::vector<float>(100, -1.0f), upper);
+  EXPECT_EQ(attach_error("{\"calibration\": \"" + short_range + "\"}"),
+            "kvquant: calibration file '" + short_range + "': a layer's key range does not have 192 channels");
+  auto bad = load_compressor(std::string(VC_PLUGIN_DIR) + "/vc_plugin_kvquant.so", R"({"bits": 5})");
+  EXPECT_EQ(bad.status().message(), "plugins: kvquant: bad parameters: 'bits' must be 2, 3, 4 or 8, got 5");
+}
+
 }  // namespace
 }  // namespace vericache

@@ -9,11 +9,11 @@
     cut of the tokenizer corpus with --question, as results/acceptance_by_model_cpu.md measures the
     token droppers (`vericache bench-acceptance --json`).
 
-RotateKV reads a calibration file; one is made with `vericache calibrate --compressor rotatekv` into
---rotatekv-calibration when it is missing.
+RotateKV and KVQuant read a calibration file; one is made with `vericache calibrate --compressor NAME`
+into --calibration-dir/NAME_smollm2.json when it is missing.
 
 Usage, from the repository root, after harness/setup.sh:
-  python3 harness/bench/quantizer_bench.py [--quantizers kivi,rotatekv] [--bits 2,4] [--draft-length 25]
+  python3 harness/bench/quantizer_bench.py [--quantizers kivi,rotatekv,kvquant] [--bits 2,4] [--draft-length 25]
 """
 import argparse
 import datetime
@@ -40,8 +40,8 @@ def vericache(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quantizers", default="kivi,rotatekv")
-    ap.add_argument("--rotatekv-calibration", default=os.path.join(ROOT, ".cache", "rotatekv_smollm2.json"))
+    ap.add_argument("--quantizers", default="kivi,rotatekv,kvquant")
+    ap.add_argument("--calibration-dir", default=os.path.join(ROOT, ".cache"))
     ap.add_argument("--bits", default="2,4")
     ap.add_argument("--draft-length", default="25")
     ap.add_argument("--long-prompts", type=int, default=1)
@@ -53,12 +53,14 @@ def main():
     check_destination(args.out)
     cases = acceptance_prompts(args.long_prompts)
     extra = {}
-    if "rotatekv" in args.quantizers.split(","):
-        if not os.path.exists(args.rotatekv_calibration):
-            os.makedirs(os.path.dirname(args.rotatekv_calibration), exist_ok=True)
-            subprocess.run([VERICACHE, "calibrate", "--compressor", "rotatekv", "--out", args.rotatekv_calibration],
-                           check=True)
-        extra["rotatekv"] = {"calibration": args.rotatekv_calibration}
+    for name in ("rotatekv", "kvquant"):
+        if name not in args.quantizers.split(","):
+            continue
+        path = os.path.join(args.calibration_dir, f"{name}_smollm2.json")
+        if not os.path.exists(path):
+            os.makedirs(args.calibration_dir, exist_ok=True)
+            subprocess.run([VERICACHE, "calibrate", "--compressor", name, "--out", path], check=True)
+        extra[name] = {"calibration": path}
     rows = []
     for name in args.quantizers.split(","):
         for bits in args.bits.split(","):

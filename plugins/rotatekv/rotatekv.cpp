@@ -21,8 +21,10 @@
 
 #include <vericache/plugin_abi.h>
 
+#include "../common/exact_slots.h"
 #include "../common/packed_bits.h"
 #include "../common/plugin_support.h"
+#include "../common/rope.h"
 #include "rotatekv_calibration.h"
 
 namespace vericache::plugin {
@@ -101,6 +103,7 @@ class RotateKv : public CompressorBase {
                                       " channels of a token's keys (n_kv_heads * head_dim)");
     }
     layout_.emplace(layout.page_size, layout.n_kv_heads, layout.head_dim, group, bits_);
+    exact_.emplace(layout.n_kv_heads, layout.head_dim, layout.page_size);
     return PackedFormat{bits_, layout_->bytes, layout.page_size};
   }
 
@@ -114,7 +117,7 @@ class RotateKv : public CompressorBase {
       const at::Tensor x = acts.residual.narrow(0, begin, n).abs().reshape({-1}).to(at::kCPU, at::kFloat);
       const at::Tensor top = std::get<1>(at::topk(x, std::min<int64_t>(sink_entries_, x.numel()))).to(at::kCPU);
       const at::Tensor positions = acts.positions.narrow(0, begin, n).to(at::kCPU);
-      std::set<int64_t>& sinks = requests_[acts.request_ids[i]].sinks[acts.layer];
+      std::set<int64_t>& sinks = requests_[acts.request_ids[i]][acts.layer];
       sinks.clear();
       for (int64_t j = 0; j < top.numel(); ++j) {
         sinks.insert(positions[top[j].item<int64_t>() / acts.residual.size(1)].item<int64_t>());
@@ -130,28 +133,24 @@ class RotateKv : public CompressorBase {
     const float* vp = v.data_ptr<float>();  // [pages][H][P][d]
     const at::Tensor positions = dest.positions.contiguous();  // [H, slots]
     const int64_t* pos = positions.data_ptr<int64_t>();
-    const int64_t stride = positions.size(1);
     uint8_t* storage = dest.storage.data_ptr<uint8_t>();
     const std::vector<int32_t>& order = calibration_.key_order[layer];
 
-    // Sink slots keep their exact keys (after RoPE) and values beside the packed pages.
-    Request* request = nullptr;
-    if (auto it = requests_.find(dest.request_id); it != requests_.end()) request = &it->second;
-    const std::set<int64_t>* sinks = request != nullptr && request->sinks.count(layer) ? &request->sinks[layer] : nullptr;
-
     at::parallel_for(0, n_pages, 1, [&](int64_t p0, int64_t p1) {
       std::vector<float> key(L.channels), ordered(L.channels), value(L.channels);
+      std::vector<float> cos(rope_->pairs()), sin(rope_->pairs());
       for (int64_t j = p0; j < p1; ++j) {
         uint8_t* page = storage + static_cast<int64_t>(dest.pages[j]) * L.bytes;
         std::memset(page, 0, L.key_groups);  // codes are OR-ed in
         for (int64_t t = 0; t < L.slots; ++t) {
           const int64_t slot = j * L.slots + t;
+          rope_->angles(pos[slot], cos.data(), sin.data());  // every head of a slot holds the same token
           for (int64_t h = 0; h < L.heads; ++h) {
             for (int64_t c = 0; c < L.dim; ++c) {
               key[h * L.dim + c] = kp[((j * L.heads + h) * L.dim + c) * L.slots + t];
               value[h * L.dim + c] = vp[((j * L.heads + h) * L.slots + t) * L.dim + c];
             }
-            rope_->rotate(&key[h * L.dim], pos[h * stride + slot], /*inverse=*/true);
+            rope_->rotate(&key[h * L.dim], cos.data(), sin.data(), /*inverse=*/true);
             rotatekv::walsh_hadamard(&value[h * L.dim], L.dim);
           }
           for (int64_t g = 0; g < L.heads; g += calibration_.head_group) {
@@ -163,19 +162,11 @@ class RotateKv : public CompressorBase {
         }
       }
     });
-    if (sinks != nullptr) {
+    // Sink slots keep their exact keys (after RoPE) and values beside the packed pages.
+    const auto request = requests_.find(dest.request_id);
+    if (request != requests_.end() && request->second.count(layer)) {
       for (int64_t slot = 0; slot < n_pages * L.slots; ++slot) {
-        const int64_t position = pos[slot];  // every head of a slot holds the same token
-        if (!sinks->count(position)) continue;
-        const int64_t j = slot / L.slots, t = slot % L.slots;
-        std::vector<float>& exact = request->exact[layer][position];
-        exact.resize(2 * L.channels);
-        for (int64_t h = 0; h < L.heads; ++h) {
-          for (int64_t c = 0; c < L.dim; ++c) {
-            exact[h * L.dim + c] = kp[((j * L.heads + h) * L.dim + c) * L.slots + t];
-            exact[L.channels + h * L.dim + c] = vp[((j * L.heads + h) * L.slots + t) * L.dim + c];
-          }
-        }
+        if (request->second.at(layer).count(pos[slot])) exact_->keep(dest.request_id, layer, pos[slot], kp, vp, slot);
       }
     }
     return Status();
@@ -187,16 +178,17 @@ class RotateKv : public CompressorBase {
     const uint8_t* storage = src.storage.data_ptr<uint8_t>();
     const at::Tensor positions = src.positions.contiguous();  // [H, slots]
     const int64_t* pos = positions.data_ptr<int64_t>();
-    const int64_t stride = positions.size(1);
     float* kp = k.data_ptr<float>();
     float* vp = v.data_ptr<float>();
     const std::vector<int32_t>& order = calibration_.key_order[layer];
     at::parallel_for(0, n_pages, 1, [&](int64_t p0, int64_t p1) {
       std::vector<float> key(L.channels), ordered(L.channels), value(L.channels);
+      std::vector<float> cos(rope_->pairs()), sin(rope_->pairs());
       for (int64_t j = p0; j < p1; ++j) {
         const uint8_t* page = storage + static_cast<int64_t>(src.pages[j]) * L.bytes;
         for (int64_t t = 0; t < L.slots; ++t) {
           const int64_t slot = j * L.slots + t;
+          rope_->angles(pos[slot], cos.data(), sin.data());
           dequantize(page, 0, L.key_groups, t, ordered.data());
           dequantize(page, L.value_codes, L.value_groups, t, value.data());
           for (int64_t c = 0; c < L.channels; ++c) key[order[c]] = ordered[c];
@@ -204,7 +196,7 @@ class RotateKv : public CompressorBase {
             rotatekv::walsh_hadamard(&key[g * L.dim], calibration_.head_group * L.dim);
           }
           for (int64_t h = 0; h < L.heads; ++h) {
-            rope_->rotate(&key[h * L.dim], pos[h * stride + slot], /*inverse=*/false);
+            rope_->rotate(&key[h * L.dim], cos.data(), sin.data(), /*inverse=*/false);
             rotatekv::walsh_hadamard(&value[h * L.dim], L.dim);
             for (int64_t c = 0; c < L.dim; ++c) {
               kp[((j * L.heads + h) * L.dim + c) * L.slots + t] = key[h * L.dim + c];
@@ -214,24 +206,14 @@ class RotateKv : public CompressorBase {
         }
       }
     });
-    const auto it = requests_.find(src.request_id);
-    if (it == requests_.end() || !it->second.exact.count(layer)) return Status();
-    const std::map<int64_t, std::vector<float>>& exact = it->second.exact.at(layer);
-    for (int64_t slot = 0; slot < n_pages * L.slots; ++slot) {
-      const auto e = exact.find(pos[slot]);
-      if (e == exact.end()) continue;
-      const int64_t j = slot / L.slots, t = slot % L.slots;
-      for (int64_t h = 0; h < L.heads; ++h) {
-        for (int64_t c = 0; c < L.dim; ++c) {
-          kp[((j * L.heads + h) * L.dim + c) * L.slots + t] = e->second[h * L.dim + c];
-          vp[((j * L.heads + h) * L.slots + t) * L.dim + c] = e->second[L.channels + h * L.dim + c];
-        }
-      }
-    }
+    exact_->restore(src.request_id, layer, pos, n_pages * L.slots, kp, vp);
     return Status();
   }
 
-  void release_impl(int64_t request_id) override { requests_.erase(request_id); }
+  void release_impl(int64_t request_id) override {
+    requests_.erase(request_id);
+    if (exact_) exact_->forget(request_id);
+  }
 
  private:
   // Slot t's N channels `x`, quantized in groups into the codes at `codes` and the groups at `groups`.
@@ -254,22 +236,16 @@ class RotateKv : public CompressorBase {
     }
   }
 
-  // What the plugin keeps per request: sink positions per layer, and their exact keys and values
-  // ([N] keys after RoPE, then [N] values) once packed.
-  struct Request {
-    std::map<int64_t, std::set<int64_t>> sinks;
-    std::map<int64_t, std::map<int64_t, std::vector<float>>> exact;
-  };
-
   int bits_;
   float clip_;
   int64_t group_;  // 0: head_dim
   int64_t sink_entries_;
   std::string calibration_path_;
   rotatekv::Calibration calibration_;
-  std::optional<rotatekv::Rope> rope_;
+  std::optional<Rope> rope_;
   std::optional<PageLayout> layout_;  // set by packed_format()
-  std::map<int64_t, Request> requests_;
+  std::optional<ExactSlots> exact_;   // the sinks' exact keys and values; set by packed_format()
+  std::map<int64_t, std::map<int64_t, std::set<int64_t>>> requests_;  // request -> layer -> sink positions
 };
 
 Status make_rotatekv(const std::string& json, std::unique_ptr<Compressor>* out) {
