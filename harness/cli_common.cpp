@@ -132,6 +132,11 @@ Result<std::vector<int32_t>> prompt_tokens(const LlamaModel& model, const std::s
   return ids;
 }
 
+std::string quantizer_ratio_error(const std::string& compressor) {
+  return "--ratio does not apply to a quantizer: " + compressor +
+         " keeps every token, its bit width sets the size (--params '{\"bits\": 4}')";
+}
+
 void set_threads(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);

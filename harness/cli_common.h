@@ -70,6 +70,9 @@ Result<std::vector<int32_t>> prompt_tokens(const LlamaModel& model, const std::s
 Result<std::vector<int32_t>> corpus_tokens(const LlamaModel& model, const std::string& path, int64_t passages,
                                            int64_t passage_tokens);
 
+// The refusal of --ratio with a quantizer: it keeps every token, its bit width sets the size.
+std::string quantizer_ratio_error(const std::string& compressor);
+
 // Sets the kernel thread pool and libtorch's intra-op threads: `threads` if positive, else every
 // hardware thread.
 void set_threads(int threads);

@@ -1,19 +1,69 @@
 // vericache compress: prefill a prompt, run one compressor (by name or by .so path) at kept
 // fraction --ratio (offline: on the full cache after prefill; online: during the prefill), check
 // its output against the contract, compact the cache and report what it kept and the bytes resident.
+// A quantizer sees the prefill, packs the prompt's whole blocks, and the packed bytes are reported.
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
+#include <ATen/ATen.h>
+
+#include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <numeric>
 
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/compression.h"
+#include "kv/packed_page_pool.h"
 
 namespace po = boost::program_options;
 
 namespace vericache::cli {
+namespace {
+
+// Prefills `ids` with the quantizer packing every whole block, then reports the packed cache.
+int compress_with_quantizer(const LlamaModel& m, Compressor& quantizer, const std::string& plugin_path,
+                            const std::string& params, std::span<const int32_t> ids, PagePool& pool, bool json) {
+  auto format = checked_packed_format(quantizer, pool.spec());
+  if (!format.ok()) return report_error(format.status());
+  const auto n = static_cast<int64_t>(ids.size());
+  const int64_t layers = m.config().n_layers;
+  auto packed = PackedPagePool::create(layers * pool.spec().pages_for(n), format->bytes_per_page);
+  if (!packed.ok()) return report_error(packed.status());
+  SequenceKv kv(layers);
+  std::vector<int32_t> positions(n);
+  std::iota(positions.begin(), positions.end(), 0);
+  const ForwardItem item{ids, positions, &kv, &pool, LogitRows::kNone, 0, &*packed, &quantizer};
+  at::Tensor logits;
+  const auto start = std::chrono::steady_clock::now();
+  const Status s = forward_with_quantizer(m, std::span(&item, 1), pool, &logits, quantizer, *format, *packed, true);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t full = layers * n * (pool.page_bytes() / pool.spec().page_size);
+  const int64_t resident = resident_kv_bytes(kv, pool, &*format);
+  const int64_t packed_slots = kv.packed_length(0);
+  kv.release_packed(*packed);
+  kv.release(pool);
+  quantizer.release(0);
+  if (!s.ok()) return report_error(s);
+  if (json) {
+    const nlohmann::json out{{"compressor", quantizer.name()}, {"path", plugin_path},     {"params", params},
+                             {"bits", format->bit_scheme},     {"prompt_tokens", n},       {"packed_slots", packed_slots},
+                             {"prefill_seconds", seconds},     {"full_kv_bytes", full},    {"resident_kv_bytes", resident}};
+    std::cout << out.dump() << "\n";
+  } else {
+    std::printf("%s (%s), %d bits, on %lld prompt tokens: %lld slots per layer packed, the last %lld kept float (the "
+                "residual)\n",
+                quantizer.name().c_str(), plugin_path.c_str(), format->bit_scheme, static_cast<long long>(n),
+                static_cast<long long>(packed_slots), static_cast<long long>(n - packed_slots));
+    std::printf("prefill %.3f s, packing whole blocks of %lld slots\n", seconds, static_cast<long long>(format->flush_slots));
+    std::printf("resident KV: %.3f of the float32 cache (%.2f of %.2f MiB)\n",
+                static_cast<double>(resident) / static_cast<double>(full), resident / 1048576.0, full / 1048576.0);
+  }
+  return kExitOk;
+}
+
+}  // namespace
 
 int run_compress(int argc, char** argv) {
   std::string model_arg, compressor_arg, params = "{}", prompt, prompt_file;
@@ -52,6 +102,8 @@ int run_compress(int argc, char** argv) {
   std::string plugin_path;
   auto compressor = load_compressor_for(compressor_arg, params, plugin_dirs, m, &plugin_path);
   if (!compressor.ok()) return report_status("compress", compressor.status());
+  const bool quantizer = (*compressor)->family() == CompressorFamily::kQuantization;
+  if (quantizer && !vm["ratio"].defaulted()) return report_usage_error("compress", quantizer_ratio_error((*compressor)->name()));
   auto ids = prompt_tokens(m, *text, raw, "");
   if (!ids.ok()) return report_error(ids.status());
   const auto n = static_cast<int64_t>(ids->size());
@@ -59,6 +111,7 @@ int run_compress(int argc, char** argv) {
   // Room for the prompt and for forwards a compressor runs without keeping (up to as long again).
   auto pool = m.make_page_pool(16, m.config().n_layers * ((2 * n + 64) / 16 + 1));
   if (!pool.ok()) return report_error(pool.status());
+  if (quantizer) return compress_with_quantizer(m, **compressor, plugin_path, params, *ids, *pool, json);
   SequenceKv kv(m.config().n_layers);
   CompressionTimes times;
   if (Status s = prefill_and_compress(m, *pool, **compressor, ratio, *ids, 0, kv, nullptr, &times); !s.ok()) {

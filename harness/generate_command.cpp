@@ -125,6 +125,9 @@ int run_generate(int argc, char** argv) {
     auto loaded = load_compressor_for(o.compressor, o.params, o.plugin_dirs, m);
     if (!loaded.ok()) return report_status("generate", loaded.status());
     compressor = std::move(*loaded);
+    if (compressor->family() == CompressorFamily::kQuantization && !vm["ratio"].defaulted()) {
+      return report_usage_error("generate", quantizer_ratio_error(compressor->name()));
+    }
   }
   // Offline compressors may run extra forwards over up to the prompt's length again (KVzip).
   const bool offline = compressor && compressor->mode() == CompressionMode::kOffline;
@@ -188,6 +191,8 @@ int run_generate(int argc, char** argv) {
       out["compress_seconds"] = stats.compress_seconds;
       out["full_kv_slots"] = stats.full_kv_slots;
       out["resident_kv_slots"] = stats.resident_kv_slots;
+      out["full_kv_bytes"] = stats.full_kv_bytes;
+      out["resident_kv_bytes"] = stats.resident_kv_bytes;
     }
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
@@ -204,7 +209,11 @@ int run_generate(int argc, char** argv) {
                  static_cast<long long>(prompt.size()), static_cast<long long>(o.batch), prefill_tok_s,
                  static_cast<long long>(stats.generated_tokens), decode_tok_s, ThreadPool::global().threads(),
                  m.forward_path() == ForwardPath::kCpuKernels ? m.kernels().isa : m.device().str().c_str());
-    if (compressor) {
+    if (compressor && compressor->family() == CompressorFamily::kQuantization) {
+      std::fprintf(stderr, "[%s (lossy, quantized cache only): %.3f of the full KV bytes resident at the end]\n",
+                   compressor->name().c_str(),
+                   static_cast<double>(stats.resident_kv_bytes) / static_cast<double>(std::max<int64_t>(1, stats.full_kv_bytes)));
+    } else if (compressor) {
       std::fprintf(stderr, "[%s at c = %.3f (lossy, compressed cache only): %lld of %lld KV slots resident at the end]\n",
                    compressor->name().c_str(), o.ratio, static_cast<long long>(stats.resident_kv_slots),
                    static_cast<long long>(stats.full_kv_slots));

@@ -26,7 +26,7 @@ constexpr Command kCommands[] = {
     {"plugins", vericache::cli::run_plugins, "list the compressor plugins found, with their descriptors"},
     {"compress", vericache::cli::run_compress, "run one compressor on a prompt's KV cache and report what it kept"},
     {"train-kvzap", vericache::cli::run_train_kvzap, "fit the KVzap surrogate on a calibration corpus (KVzip+ teacher)"},
-    {"calibrate", vericache::cli::run_calibrate, "make a quantizer's per-model calibration file (RotateKV's key order)"},
+    {"calibrate", vericache::cli::run_calibrate, "make a quantizer's per-model calibration file (RotateKV's key order, KVQuant's ranges and datatypes)"},
     {"model", vericache::cli::run_model, "the throughput model (Eq. 3, Eq. 4) for a hardware profile and a model shape"},
     {"simulate", vericache::cli::run_simulate, "simulate the reload scheduler on a hardware profile, next to Eq. 3"},
     {"sweep", vericache::cli::run_sweep, "the simulator over a grid of configurations, into one HDF5 file"},

@@ -187,6 +187,9 @@ int run_run(int argc, char** argv) {
     auto loaded = load_compressor_for(o.compressor, o.params, o.plugin_dirs, m, &compressor_path);
     if (!loaded.ok()) return report_status("run", loaded.status());
     compressor = std::move(*loaded);
+    if (compressor->family() == CompressorFamily::kQuantization && !vm["ratio"].defaulted()) {
+      return report_usage_error("run", quantizer_ratio_error(compressor->name()));
+    }
   }
   const std::vector<GenerationRequest> requests = make_requests(o, *prompt_ids);
 

@@ -297,14 +297,38 @@ TEST(Cli, CalibrateKvquantWritesRangesAndDatatypes) {
   EXPECT_EQ(distinct.size(), 30u) << "every layer has its own key ranges";
 }
 
-// A quantizer's cache must be packed to mean anything: the commands that do not pack refuse it.
-TEST(Cli, GenerateAndCompressRefuseQuantizers) {
-  for (const std::string command : {"generate -n 4", "compress"}) {
-    const CliRun r = run_vericache(command + " --compressor kivi -p hello");
-    EXPECT_EQ(r.exit_code, 1) << command;
-    EXPECT_EQ(r.err, "vericache: error: kivi: quantizers run only where pages are packed so far (vericache run, "
-                     "bench-engine, bench-acceptance); this path does not pack their pages\n")
-        << command;
+// Quantizers in `compress` and `generate`: the prompt's whole blocks are packed (KIVI 4 bits,
+// G = 32, residual 32: a packed slot is 2 * 192 * 4 / 8 code bytes + 2 * 6 * 4 group bytes = 240
+// bytes per layer against 1,536 float32), the rest stays float, and resident bytes are exactly
+// that; decoding on the packed cache alone generates; --ratio is refused for a quantizer.
+TEST(Cli, CompressAndGenerateRunQuantizers) {
+  const std::string prompt = testing::temp_dir() + "/quantizer_prompt.txt";
+  std::ofstream(prompt) << testing::read_file(testing::source_path("datasets/tokenizer_corpus/corpus.txt")).substr(0, 2000);
+  const CliRun c = run_vericache("compress --compressor kivi --params '{\"bits\": 4}' --json -f " + prompt);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const auto packed = nlohmann::json::parse(c.out);
+  const int64_t n = packed["prompt_tokens"], layers = 30;
+  EXPECT_EQ(packed["bits"], 4);
+  EXPECT_EQ(packed["packed_slots"].get<int64_t>(), n / 32 * 32);
+  EXPECT_EQ(packed["full_kv_bytes"].get<int64_t>(), layers * n * 1536);
+  EXPECT_EQ(packed["resident_kv_bytes"].get<int64_t>(), layers * ((n / 32 * 32) * 240 + (n % 32) * 1536));
+
+  const CliRun g = run_vericache("generate --compressor kivi --params '{\"bits\": 4}' -n 8 --ignore-eos --json -f " + prompt);
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  const auto out = nlohmann::json::parse(g.out);
+  EXPECT_EQ(out["tokens"].size(), 8u);
+  // Prompt + 7 decoded tokens per layer, every one kept; packed up to the last whole block.
+  const int64_t total = n + 7;
+  EXPECT_EQ(out["resident_kv_slots"].get<int64_t>(), total * layers);
+  EXPECT_EQ(out["resident_kv_bytes"].get<int64_t>(), layers * ((total / 32 * 32) * 240 + (total % 32) * 1536));
+
+  for (const std::string command : {"generate -n 4", "compress", "run -n 4"}) {
+    const CliRun r = run_vericache(command + " --compressor kivi -c 0.5 -p hello");
+    const std::string name = command.substr(0, command.find(' '));
+    EXPECT_EQ(r.exit_code, 2) << command;
+    EXPECT_EQ(r.err, "vericache " + name +
+                         ": --ratio does not apply to a quantizer: kivi keeps every token, its bit width sets the size "
+                         "(--params '{\"bits\": 4}')\nRun 'vericache " + name + " --help' for the options.\n");
   }
 }
 

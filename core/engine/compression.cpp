@@ -40,13 +40,34 @@ Status forward_with_compressor(const LlamaModel& model, std::span<const ForwardI
                                at::Tensor* logits, Compressor& compressor, std::span<const double> ratios,
                                std::span<SequenceKv* const> caches) {
   if (compressor.family() == CompressorFamily::kQuantization) {
-    return Status::not_supported(compressor.name() +
-                                 ": quantizers run only where pages are packed so far (vericache run, bench-engine, "
-                                 "bench-acceptance); this path does not pack their pages");
+    return Status::not_supported(compressor.name() + ": a quantizer's forward must pack its pages (forward_with_quantizer)");
   }
   std::vector<LayerDrops> drops;
   VC_RETURN_IF_ERROR(model.forward(batch, logits, compression_observer(compressor, ratios, &drops)));
   return apply_drops(compressor.name(), pool, caches, drops);
+}
+
+Status forward_with_quantizer(const LlamaModel& model, std::span<const ForwardItem> batch, PagePool& pool,
+                              at::Tensor* logits, Compressor& quantizer, const PackedFormat& format,
+                              PackedPagePool& packed, bool observe) {
+  std::vector<LayerDrops> drops;
+  const std::vector<double> ratios(batch.size(), 1.0);  // a quantizer keeps every token
+  VC_RETURN_IF_ERROR(model.forward(batch, logits, observe ? compression_observer(quantizer, ratios, &drops) : LayerObserver()));
+  if (!drops.empty()) return Status::plugin_error(quantizer.name() + ": a quantizer returned drops; it must keep every token");
+  for (const ForwardItem& item : batch) {
+    VC_RETURN_IF_ERROR(pack_front(quantizer, format, pool, packed, *item.kv, item.request_id));
+  }
+  return Status();
+}
+
+int64_t resident_kv_bytes(const SequenceKv& kv, const PagePool& pool, const PackedFormat* format) {
+  const int64_t page_size = pool.spec().page_size;
+  int64_t bytes = 0;
+  for (int64_t l = 0; l < kv.n_layers(); ++l) {
+    bytes += kv.length(l) * (pool.page_bytes() / page_size);
+    if (format != nullptr) bytes += kv.packed_length(l) * (format->bytes_per_page / page_size);
+  }
+  return bytes;
 }
 
 Status compress_offline(const LlamaModel& model, PagePool& pool, Compressor& compressor, double ratio,
@@ -108,6 +129,7 @@ Result<PackedFormat> checked_packed_format(Compressor& compressor, const KvPageS
 Status pack_front(Compressor& compressor, const PackedFormat& format, PagePool& pool, PackedPagePool& packed,
                   SequenceKv& kv, int64_t request_id) {
   const int64_t ps = pool.spec().page_size;
+  kv.make_compressed(pool.spec().n_kv_heads);  // packed slots keep their positions
   for (int64_t l = 0; l < kv.n_layers(); ++l) {
     const int64_t n = kv.length(l) / format.flush_slots * format.flush_slots;
     if (n == 0) continue;

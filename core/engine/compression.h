@@ -28,7 +28,7 @@ Status apply_drops(const std::string& compressor, PagePool& pool, std::span<Sequ
 
 // One forward of `batch` with every layer handed to `compressor` (compression_observer) and the
 // drops it returns applied (apply_drops) once the forward is committed. NotSupported for a
-// quantizer (only the draft-verify engine packs pages so far).
+// quantizer (its pages must be packed: forward_with_quantizer).
 Status forward_with_compressor(const LlamaModel& model, std::span<const ForwardItem> batch, PagePool& pool,
                                at::Tensor* logits, Compressor& compressor, std::span<const double> ratios,
                                std::span<SequenceKv* const> caches);
@@ -59,6 +59,18 @@ Result<PackedFormat> checked_packed_format(Compressor& compressor, const KvPageS
 // the id the compressor saw this request's activations under (PackedPages::request_id).
 Status pack_front(Compressor& compressor, const PackedFormat& format, PagePool& pool, PackedPagePool& packed,
                   SequenceKv& kv, int64_t request_id);
+
+// A quantizer's forward outside the engine: `batch`, whose items read their packed slots from
+// `packed` through `quantizer` (ForwardItem::packed_pool, unpacker), with every layer handed to
+// quantizer.update() when `observe` (a quantizer that returns drops is a PluginError), then each
+// item's committed whole blocks packed (pack_front under the item's request id).
+Status forward_with_quantizer(const LlamaModel& model, std::span<const ForwardItem> batch, PagePool& pool,
+                              at::Tensor* logits, Compressor& quantizer, const PackedFormat& format,
+                              PackedPagePool& packed, bool observe);
+
+// The bytes `kv` holds: its float slots at `pool`'s bytes per slot and, with a quantizer's
+// `format` (may be null), its packed slots at the packed page's bytes per slot.
+int64_t resident_kv_bytes(const SequenceKv& kv, const PagePool& pool, const PackedFormat* format);
 
 // A quantizer's packing for a cache outside the engine (the engine keeps its own): the compressor,
 // its checked packed format and the pool that receives the packed pages. Borrowed.

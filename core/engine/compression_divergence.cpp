@@ -27,8 +27,8 @@ Status step(const LlamaModel& model, PagePool& pool, SequenceKv& kv, int32_t tok
   if (packing != nullptr) {
     const ForwardItem item{tokens,        positions,    &kv, &pool, LogitRows::kLast, packing->request_id,
                            packing->pool, packing->quantizer};
-    VC_RETURN_IF_ERROR(model.forward(std::span(&item, 1), logits));
-    return pack_front(*packing->quantizer, packing->format, pool, *packing->pool, kv, packing->request_id);
+    return forward_with_quantizer(model, std::span(&item, 1), pool, logits, *packing->quantizer, packing->format,
+                                  *packing->pool, /*observe=*/false);
   }
   const ForwardItem item{tokens, positions, &kv, &pool, LogitRows::kLast, 0};
   if (online == nullptr) return model.forward(std::span(&item, 1), logits);

@@ -384,13 +384,9 @@ void DraftVerifyEngine::finish(Request& r) {
   const int64_t layers = model_.config().n_layers;
   r.result.metrics.generated_tokens = static_cast<int64_t>(r.result.generation.tokens.size());
   r.result.metrics.full_kv_slots = r.committed * layers;
-  const int64_t slot_bytes = device_pool_.page_bytes() / device_pool_.spec().page_size;
-  const int64_t packed_slot_bytes = quantizer() ? packed_format_.bytes_per_page / device_pool_.spec().page_size : 0;
-  r.result.metrics.full_kv_bytes = r.result.metrics.full_kv_slots * slot_bytes;
-  for (int64_t l = 0; l < layers; ++l) {
-    r.result.metrics.resident_kv_slots += r.comp.total_length(l);
-    r.result.metrics.resident_kv_bytes += r.comp.length(l) * slot_bytes + r.comp.packed_length(l) * packed_slot_bytes;
-  }
+  r.result.metrics.full_kv_bytes = r.result.metrics.full_kv_slots * (device_pool_.page_bytes() / device_pool_.spec().page_size);
+  for (int64_t l = 0; l < layers; ++l) r.result.metrics.resident_kv_slots += r.comp.total_length(l);
+  r.result.metrics.resident_kv_bytes = resident_kv_bytes(r.comp, device_pool_, quantizer() ? &packed_format_ : nullptr);
   r.full.release(host_pool_);
   release_comp(r);
   if (options_.compressor != nullptr) options_.compressor->release(r.id);

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <optional>
 
 #include "engine/compression.h"
+#include "kv/packed_page_pool.h"
 
 namespace vericache {
 namespace {
@@ -75,10 +77,23 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
   std::vector<SequenceKv*> caches;
   for (RequestState& s : state) caches.push_back(&s.kv);
   Compressor* const compressor = options_.compressor;
+
+  // A quantizer's packed pages: a pool for every request's whole cache, packed as blocks complete.
+  std::optional<PackedFormat> format;
+  std::optional<PackedPagePool> packed;
+  if (compressor != nullptr && compressor->family() == CompressorFamily::kQuantization) {
+    VC_ASSIGN_OR_RETURN(format, checked_packed_format(*compressor, pool_.spec()));
+    VC_ASSIGN_OR_RETURN(packed, PackedPagePool::create(pages_needed(model_, pool_.spec().page_size, requests),
+                                                       format->bytes_per_page));
+  }
+  const int64_t slot_bytes = pool_.page_bytes() / pool_.spec().page_size;
   auto release_all = [&] {
     for (size_t i = 0; i < state.size(); ++i) {
       st.full_kv_slots += state[i].next_position * config.n_layers;
-      for (int64_t l = 0; l < config.n_layers; ++l) st.resident_kv_slots += state[i].kv.length(l);
+      st.full_kv_bytes += state[i].next_position * config.n_layers * slot_bytes;
+      for (int64_t l = 0; l < config.n_layers; ++l) st.resident_kv_slots += state[i].kv.total_length(l);
+      st.resident_kv_bytes += resident_kv_bytes(state[i].kv, pool_, format ? &*format : nullptr);
+      if (packed) state[i].kv.release_packed(*packed);
       state[i].kv.release(pool_);
       if (compressor != nullptr) compressor->release(static_cast<int64_t>(i));
     }
@@ -87,7 +102,14 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
   // goes through update() and the drops it returns are applied.
   std::vector<double> ratios;
   at::Tensor logits;
-  auto run_forward = [&](const std::vector<ForwardItem>& batch, bool observe) -> Status {
+  auto run_forward = [&](std::vector<ForwardItem>& batch, bool observe) -> Status {
+    if (packed) {
+      for (ForwardItem& item : batch) {
+        item.packed_pool = &*packed;
+        item.unpacker = compressor;
+      }
+      return forward_with_quantizer(model_, batch, pool_, &logits, *compressor, *format, *packed, observe);
+    }
     if (compressor == nullptr || !observe) return model_.forward(batch, &logits);
     ratios.assign(batch.size(), options_.ratio);
     return forward_with_compressor(model_, batch, pool_, &logits, *compressor, ratios, caches);

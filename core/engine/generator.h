@@ -11,6 +11,8 @@
 // compressors see every prefill layer through update(), then compress() after the request's
 // prefill (its cache is compacted into fewer pages); online ones see every forward and their
 // drops are applied after it. New tokens continue from the uncompressed length (RoPE positions).
+// Quantizers see every forward through update() too; each forward's committed whole blocks are
+// packed (pack_front), and attention reads the packed slots through the quantizer's unpack().
 //
 // Ownership: borrows the model, the page pool and the compressor; every page it takes is returned before
 // generate() returns, also on failure. Thread-safety: one generate() at a time per pool.
@@ -55,7 +57,9 @@ struct GenerationStats {
   double decode_seconds = 0;
   double compress_seconds = 0;   // offline compress() + compaction, inside prefill_seconds
   int64_t full_kv_slots = 0;     // sum over requests and layers of the uncompressed cache length
-  int64_t resident_kv_slots = 0; // the same for what each cache holds at the end
+  int64_t resident_kv_slots = 0; // the same for what each cache holds at the end (packed slots included)
+  int64_t full_kv_bytes = 0;     // the uncompressed caches' bytes (the pool's float slots)
+  int64_t resident_kv_bytes = 0; // what each cache holds at the end: float slots and packed pages
 };
 
 // Called after each generated token with the request index; returning false stops that request

@@ -89,8 +89,11 @@ class SequenceKv {
   // increasing, below src's length: check with check_compressed_kv first). The cache becomes
   // compressed. OutOfPages (nothing changed) when `pool` lacks room.
   Status assign_kept(PagePool& pool, const SequenceKv& src, const PagePool& src_pool, const std::vector<at::Tensor>& kept);
-  // Whether slots carry their own positions (after compact() or drop()).
+  // Whether slots carry their own positions (after compact(), drop() or make_compressed()).
   bool compressed() const { return !slot_positions_.empty(); }
+  // Makes a full cache's slots carry their positions (each slot its own index), as packing needs;
+  // nothing moves. A no-op on a compressed cache.
+  void make_compressed(int64_t n_kv_heads);
   // Original position of every slot of `layer` for KV head `head` (length(layer) entries).
   // Only for a compressed sequence.
   const std::vector<int64_t>& slot_positions(int64_t layer, int64_t head) const {
@@ -135,7 +138,6 @@ class SequenceKv {
   };
   std::vector<PackedLayer> packed_;  // [n_layers] once a layer is packed; empty before
 
-  void make_compressed(int64_t n_kv_heads);
   // Moves slot from_slots[h][j] to slot j for every head h of `layer`, sets the layer's length to
   // the per-head count and frees the pages past it.
   void keep_slots(PagePool& pool, int64_t layer, const std::vector<std::vector<int64_t>>& from_slots);
