@@ -304,6 +304,35 @@ TEST(Engine, FailingCompressorFallsBackToFullKv) {
   }
 }
 
+// A quantizer whose unpack() fails once, in the middle of drafting: the request whose read failed
+// falls back to full KV with the failure recorded, the other keeps drafting on its packed cache,
+// and both outputs are full-KV greedy.
+TEST(Engine, FailingUnpackFallsBackForThatRequestOnly) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  // Each draft step of the two requests reads 30 layers of each: call 92 falls in a later draft step.
+  auto loaded = load_compressor(std::string(VC_FIXTURE_PLUGIN_DIR) + "/vc_plugin_failing_unpack.so", R"({"fail_at": 92})");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  ASSERT_TRUE((*loaded)->attach(m->shape()).ok());
+  EngineOptions options;
+  options.compressor = loaded->get();
+  options.draft_length = 8;
+  const std::vector<GenerationRequest> requests = {request_for(medium(5), 32), request_for(medium(6), 32)};
+  const EngineRun run = run_engine(*m, options, requests);
+  expect_identical(run, full_kv(*m, requests), "failing unpack");
+  ASSERT_EQ(run.results.size(), 2u);
+  int failed = 0;
+  for (const EngineResult& r : run.results) {
+    if (r.compressor_failure.empty()) {
+      EXPECT_GT(r.metrics.drafts, 1) << "request " << r.request_id << " kept drafting on its packed cache";
+    } else {
+      ++failed;
+      EXPECT_EQ(r.compressor_failure, "failing_unpack: unpack failed on purpose (call 92)");
+    }
+  }
+  EXPECT_EQ(failed, 1);
+}
+
 // Verification from copies of KV_full in transient pages, filled over an emulated link while the
 // requests draft; transient pages for one window at a time, so windows queue for them.
 TEST(Engine, VerifyFromTransientCopiesOverAnEmulatedLink) {

@@ -600,8 +600,10 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members, double sta
     } else if (r->phase == Phase::kDraft) {
       r->tokens = {r->drafts.empty() ? r->pending : r->drafts.back()};
       r->positions = {static_cast<int32_t>(r->committed + static_cast<int64_t>(r->drafts.size()))};
+      // A failing unpack() fails this request's drafting (it falls back to full KV), not the batch.
       batch.push_back({r->tokens, r->positions, &r->comp, &device_pool_, LogitRows::kLast, r->id,
-                       packed_pool_ ? &*packed_pool_ : nullptr, quantizer() ? options_.compressor : nullptr});
+                       packed_pool_ ? &*packed_pool_ : nullptr, quantizer() ? options_.compressor : nullptr,
+                       quantizer() ? &r->compressor_status : nullptr});
       ++record.draft_items;
     } else {
       r->tokens.assign(1, r->pending);
@@ -695,6 +697,10 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members, double sta
       m.draft_seconds += seconds;
       ++m.draft_steps;
       const float* lossy = logits[row++].data_ptr<float>();
+      if (!r.compressor_status.ok()) {  // unpack() failed: the row read zeros for the packed slots
+        fall_back_to_full(r, r.compressor_status);
+        continue;
+      }
       int32_t draft;
       if (r.req.sampling.greedy() || options_.draft_sampling == DraftSampling::kArgmax) {
         draft = argmax(lossy, vocab);

@@ -77,6 +77,10 @@ struct ForwardItem {
   // and the compressor that packed them, whose unpack() gives attention their K/V each layer.
   const PackedPagePool* packed_pool = nullptr;
   Compressor* unpacker = nullptr;
+  // Where this item's first unpack() failure goes instead of failing the whole forward (nullptr:
+  // it fails the forward). After a failure the item's packed slots read as zeros: its rows and the
+  // K/V it wrote are garbage the caller must discard (the engine falls back to full KV).
+  Status* unpack_failure = nullptr;
 };
 
 // Called after each layer's attention with that layer's activations for the whole batch
