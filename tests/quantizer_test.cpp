@@ -233,6 +233,21 @@ ModelShape rotatekv_shape(int64_t heads) {
   return shape;
 }
 
+// `j` in a new temporary file, removed when the test process exits; its path.
+std::string write_temp_json(const nlohmann::json& j) {
+  static std::vector<std::string> written;
+  static const struct RemoveAtExit {
+    ~RemoveAtExit() {
+      for (const std::string& file : written) std::filesystem::remove(file);
+    }
+  } cleanup;
+  const std::string path = std::filesystem::temp_directory_path() / ("vericache_calibration_" + std::to_string(getpid()) +
+                                                                     "_" + std::to_string(written.size()) + ".json");
+  written.push_back(path);
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
 // A calibration file in the documented format (plugins/rotatekv/rotatekv_calibration.h), written
 // here by hand: `order` is the layer's key-channel order.
 std::string write_calibration(const ModelShape& shape, int64_t head_group, const std::vector<int32_t>& order,
@@ -246,17 +261,7 @@ std::string write_calibration(const ModelShape& shape, int64_t head_group, const
                          {"head_group", head_group},
                          {"layers", nlohmann::json::array({nlohmann::json{{"key_order", order}}})},
                          {"calibration", {{"by", "quantizer_test"}}}};
-  static std::vector<std::string> written;
-  static const struct RemoveAtExit {
-    ~RemoveAtExit() {
-      for (const std::string& file : written) std::filesystem::remove(file);
-    }
-  } cleanup;
-  const std::string path = std::filesystem::temp_directory_path() / ("vericache_rotatekv_" + std::to_string(getpid()) +
-                                                                     "_" + std::to_string(written.size()) + ".json");
-  written.push_back(path);
-  std::ofstream(path) << j.dump();
-  return path;
+  return write_temp_json(j);
 }
 
 // A random permutation of n channels.
@@ -518,17 +523,7 @@ std::string write_kvquant_calibration(const ModelShape& shape, const std::vector
                          {"layers", nlohmann::json::array({nlohmann::json{
                                         {"key_lower", lower}, {"key_upper", upper}, {"key_types", types}, {"value_types", types}}})},
                          {"calibration", {{"by", "quantizer_test"}}}};
-  static std::vector<std::string> written;
-  static const struct RemoveAtExit {
-    ~RemoveAtExit() {
-      for (const std::string& file : written) std::filesystem::remove(file);
-    }
-  } cleanup;
-  const std::string path = std::filesystem::temp_directory_path() / ("vericache_kvquant_" + std::to_string(getpid()) +
-                                                                     "_" + std::to_string(written.size()) + ".json");
-  written.push_back(path);
-  std::ofstream(path) << j.dump();
-  return path;
+  return write_temp_json(j);
 }
 
 // Key ranges wide enough for random_pages' keys (normal, sd 2) but for the planted outliers, and

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <set>
 #include <string>
 
@@ -100,6 +101,19 @@ class ParamReader {
   std::set<std::string> known_;
   std::string error_;
 };
+
+// A quantizer's bit width: 2, 3, 4 or 8 (the contract's bit schemes).
+inline Status check_bit_width(int64_t bits) {
+  if (bits == 2 || bits == 3 || bits == 4 || bits == 8) return Status();
+  return Status::invalid_argument("'bits' must be 2, 3, 4 or 8, got " + std::to_string(bits));
+}
+
+// A calibrated quantizer's file: the "calibration" parameter, else the environment variable
+// `env_var`, else empty (attach() then says how to make one).
+inline std::string calibration_path(ParamReader& p, const char* env_var) {
+  const char* env = std::getenv(env_var);
+  return p.text("calibration", env != nullptr ? env : "");
+}
 
 // Tokens kept per KV head of a layer of n tokens at kept fraction c: floor(n * c), at least 1.
 // kvpress computes max(1, int(n * (1 - compression_ratio))) with compression_ratio = 1 - c, which

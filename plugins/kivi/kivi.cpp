@@ -183,9 +183,7 @@ Status make_kivi(const std::string& json, std::unique_ptr<Compressor>* out) {
   const int64_t group = p.integer("group_size", 32, 1, 4096);
   const int64_t residual = p.integer("residual_length", 32, 1, 1 << 20);
   VC_RETURN_IF_ERROR(p.finish());
-  if (bits != 2 && bits != 3 && bits != 4 && bits != 8) {
-    return Status::invalid_argument("'bits' must be 2, 3, 4 or 8, got " + std::to_string(bits));
-  }
+  VC_RETURN_IF_ERROR(check_bit_width(bits));
   if (residual % group != 0) {
     return Status::invalid_argument("'residual_length' (" + std::to_string(residual) +
                                     ") must be a multiple of 'group_size' (" + std::to_string(group) +

@@ -227,12 +227,9 @@ Status make_kvquant(const std::string& json, std::unique_ptr<Compressor>* out) {
   const bool qnorm = p.boolean("qnorm", bits == 2);
   // The reference's LWM checkpoints keep the first 5 tokens in float16 (lwm/README.md).
   const int64_t first_tokens = p.integer("first_tokens", 5, 0, 1 << 20);
-  const char* env = std::getenv("VERICACHE_KVQUANT_CALIBRATION");
-  const std::string calibration = p.text("calibration", env != nullptr ? env : "");
+  const std::string calibration = calibration_path(p, "VERICACHE_KVQUANT_CALIBRATION");
   VC_RETURN_IF_ERROR(p.finish());
-  if (bits != 2 && bits != 3 && bits != 4 && bits != 8) {
-    return Status::invalid_argument("'bits' must be 2, 3, 4 or 8, got " + std::to_string(bits));
-  }
+  VC_RETURN_IF_ERROR(check_bit_width(bits));
   *out = std::make_unique<KvQuant>(bits, qnorm, first_tokens, calibration);
   return Status();
 }

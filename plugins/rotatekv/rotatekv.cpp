@@ -255,12 +255,9 @@ Status make_rotatekv(const std::string& json, std::unique_ptr<Compressor>* out) 
   const double clip = p.number("clip_ratio", bits == 2 ? 0.8 : 1.0, 0.05, 1.0);
   const int64_t group = p.integer("group_size", 0, 0, 1 << 16);
   const int64_t sink_entries = p.integer("sink_entries", 20, 0, 1 << 16);
-  const char* env = std::getenv("VERICACHE_ROTATEKV_CALIBRATION");
-  const std::string calibration = p.text("calibration", env != nullptr ? env : "");
+  const std::string calibration = calibration_path(p, "VERICACHE_ROTATEKV_CALIBRATION");
   VC_RETURN_IF_ERROR(p.finish());
-  if (bits != 2 && bits != 3 && bits != 4 && bits != 8) {
-    return Status::invalid_argument("'bits' must be 2, 3, 4 or 8, got " + std::to_string(bits));
-  }
+  VC_RETURN_IF_ERROR(check_bit_width(bits));
   *out = std::make_unique<RotateKv>(bits, clip, group, sink_entries, calibration);
   return Status();
 }
