@@ -145,7 +145,8 @@ TEST(PluginSearch, FindsValidPluginsAndReportsTheRest) {
   const PluginSearch search = find_plugins({VC_FIXTURE_PLUGIN_DIR});
   std::vector<std::string> names;
   for (const PluginInfo& p : search.found) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"streaming_llm", "throwing_compress", "throwing_factory"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"failing_unpack", "streaming_llm", "throwing_compress", "throwing_factory"}));
   EXPECT_EQ(search.rejected.size(), 3u);  // bad_abi, bad_torch, no_descriptor
   auto info = resolve_plugin("streaming_llm", {VC_FIXTURE_PLUGIN_DIR});
   ASSERT_TRUE(info.ok());
@@ -155,8 +156,8 @@ TEST(PluginSearch, FindsValidPluginsAndReportsTheRest) {
   EXPECT_EQ(info->abi_version, 4u);
   EXPECT_EQ(info->torch_version, TORCH_VERSION);
   EXPECT_EQ(resolve_plugin("snapkv", {VC_FIXTURE_PLUGIN_DIR}).status().message(),
-            "plugins: no compressor named 'snapkv' (found: streaming_llm, throwing_compress, throwing_factory; see "
-            "'vericache plugins')");
+            "plugins: no compressor named 'snapkv' (found: failing_unpack, streaming_llm, throwing_compress, "
+            "throwing_factory; see 'vericache plugins')");
 }
 
 // The example compresses a real prefilled cache; the plugin's library stays loaded while the
