@@ -116,13 +116,14 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
                             batch[i].request_id};
       at::Tensor k_out = prefix_k[i].narrow(0, 0, pages), v_out = prefix_v[i].narrow(0, 0, pages);
       Status* failure = batch[i].unpack_failure;
-      Status s = failure != nullptr && !failure->ok() ? Status() : batch[i].unpacker->unpack(l, src, k_out, v_out);
-      if (!s.ok() && failure == nullptr) return s;
-      if (!s.ok()) *failure = std::move(s);
-      if (failure != nullptr && !failure->ok()) {
-        k_out.zero_();
-        v_out.zero_();
+      if (failure == nullptr || failure->ok()) {
+        Status s = batch[i].unpacker->unpack(l, src, k_out, v_out);
+        if (s.ok()) continue;
+        if (failure == nullptr) return s;
+        *failure = std::move(s);
       }
+      k_out.zero_();  // a failed item reads zeros from here on (ForwardItem::unpack_failure)
+      v_out.zero_();
     }
     parallel_rms_norm(k, x.data(), rows, d, L.attn_norm, eps, h.data());
     parallel_linear(k, h.data(), d, rows, L.wqkv.view, qkv.data(), qkv_width);

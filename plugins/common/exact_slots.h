@@ -5,6 +5,7 @@
 // (a compressor is used by one thread at a time).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <vector>
@@ -29,20 +30,22 @@ class ExactSlots {
   }
 
   // Writes the kept copy over every one of `n_slots` slots whose position (`positions[slot]`, the
-  // slot's first head) has one.
+  // slot's first head; strictly increasing, as packed slots are) has one. Looks up the few kept
+  // positions, not every slot: this runs on every read of the packed pages.
   void restore(int64_t request, int64_t layer, const int64_t* positions, int64_t n_slots, float* k, float* v) const {
     const auto r = exact_.find(request);
     if (r == exact_.end()) return;
     const auto l = r->second.find(layer);
     if (l == r->second.end()) return;
-    for (int64_t slot = 0; slot < n_slots; ++slot) {
-      const auto e = l->second.find(positions[slot]);
-      if (e == l->second.end()) continue;
+    for (const auto& e : l->second) {
+      const int64_t* at = std::lower_bound(positions, positions + n_slots, e.first);
+      if (at == positions + n_slots || *at != e.first) continue;
+      const int64_t slot = at - positions;
       const int64_t j = slot / slots_, t = slot % slots_;
       for (int64_t h = 0; h < heads_; ++h) {
         for (int64_t c = 0; c < dim_; ++c) {
-          k[((j * heads_ + h) * dim_ + c) * slots_ + t] = e->second[h * dim_ + c];
-          v[((j * heads_ + h) * slots_ + t) * dim_ + c] = e->second[(heads_ + h) * dim_ + c];
+          k[((j * heads_ + h) * dim_ + c) * slots_ + t] = e.second[h * dim_ + c];
+          v[((j * heads_ + h) * slots_ + t) * dim_ + c] = e.second[(heads_ + h) * dim_ + c];
         }
       }
     }
