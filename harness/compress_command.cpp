@@ -34,7 +34,7 @@ int compress_with_quantizer(const LlamaModel& m, Compressor& quantizer, const st
   SequenceKv kv(layers);
   std::vector<int32_t> positions(n);
   std::iota(positions.begin(), positions.end(), 0);
-  const ForwardItem item{ids, positions, &kv, &pool, LogitRows::kNone, 0, &*packed, &quantizer};
+  const ForwardItem item{ids, positions, &kv, &pool, LogitRows::kNone, 0, &*packed, &quantizer, nullptr, &*format};
   at::Tensor logits;
   const auto start = std::chrono::steady_clock::now();
   const Status s = forward_with_quantizer(m, std::span(&item, 1), pool, &logits, quantizer, *format, *packed, true);

@@ -323,6 +323,25 @@ TEST(Divergence, QuantizedCachesAreCloseToFullKvButNotEqual) {
       EXPECT_GT(kl, 0.0) << name << " " << bits << " bits: a quantized cache is not the full one";
       cache.release_packed(*packed);
       cache.release(*pool);
+      EXPECT_EQ(format->layout == PackedLayout::kMinMaxGroups, name == "kivi") << name;
+      if (format->layout == PackedLayout::kMinMaxGroups) {
+        // The same steps read through unpack() instead of in place: the very same logits.
+        PackedFormat opaque = *format;
+        opaque.layout = PackedLayout::kOpaque;
+        SequenceKv again(layers);
+        ASSERT_TRUE(again.assign_kept(*pool, base, *pool, std::vector<at::Tensor>(layers, all)).ok());
+        ASSERT_TRUE(pack_front(*quantizer, opaque, *pool, *packed, again, 1).ok());
+        const Packing unpacking{quantizer.get(), opaque, &*packed, 1};
+        auto unpacked = divergence_along(*m, *reference, *pool, again, n, nullptr, 1.0, &unpacking);
+        ASSERT_TRUE(unpacked.ok()) << unpacked.status().message();
+        ASSERT_EQ(unpacked->size(), steps_kl->size());
+        for (size_t i = 0; i < unpacked->size(); ++i) {
+          EXPECT_EQ((*unpacked)[i].kl, (*steps_kl)[i].kl) << name << " " << bits << " bits, step " << i;
+        }
+        again.release_packed(*packed);
+        again.release(*pool);
+        quantizer->release(1);
+      }
     }
     EXPECT_LT(mean_kl[4], mean_kl[2]) << name;
     EXPECT_LT(mean_kl[4], 0.1) << name;

@@ -2,8 +2,10 @@
 // the AVX-512 / portable builds giving identical bits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "kernels/simd.h"
 #include "model/ggml_dequant.h"
 #include "model/weight_repack.h"
+#include "util/half.h"
 
 namespace vericache::cpu {
 namespace {
@@ -269,6 +272,108 @@ TEST(Kernels, PagedAttentionReadsPrefixPagesAsThePagedCache) {
       for (int64_t g = 0; g < kv_heads; ++g) k->attention(b, g, 0, rows);
       ASSERT_EQ(std::memcmp(whole.data(), split.data(), whole.size() * sizeof(float)), 0)
           << k->isa << ", " << prefix_pages << " prefix pages";
+    }
+  }
+}
+
+// Code i of `bits` bits, LSB first (the layout's definition, read bit by bit).
+uint32_t code_at(const uint8_t* bytes, int64_t i, int bits) {
+  uint32_t code = 0;
+  for (int b = 0; b < bits; ++b) {
+    const int64_t bit = i * bits + b;
+    code |= static_cast<uint32_t>((bytes[bit / 8] >> (bit % 8)) & 1) << b;
+  }
+  return code;
+}
+
+float group_value(const uint8_t* group, uint32_t code) {
+  uint16_t scale, minimum;
+  std::memcpy(&scale, group, 2);
+  std::memcpy(&minimum, group + 2, 2);
+  const float product = static_cast<float>(code) * fp16_to_fp32(scale);
+  return product + fp16_to_fp32(minimum);
+}
+
+// Packed pages in the min-max-groups layout (random codes and groups, pages in a shuffled order),
+// read in place by attention, give the same bits as the float prefix pages they dequantize to by
+// the layout's definition (vericache/packed_layout.h), computed here independently.
+TEST(Kernels, PackedPagesReadInPlaceEqualTheirDequantizedFloats) {
+  struct Case {
+    int64_t hd, ps, key_group, value_group;
+    int bits;
+  };
+  const int64_t heads = 6, kv_heads = 3, rows = 3, float_slots = 21;
+  const std::vector<Case> cases{{64, 16, 32, 32, 2}, {64, 16, 32, 16, 3}, {64, 32, 16, 64, 4},
+                                {128, 16, 16, 32, 8}, {64, 16, 64, 32, 4}, {128, 32, 32, 128, 2}};
+  for (const Case& c : cases) {
+    const MinMaxGroupsLayout L{c.ps, kv_heads, c.hd, c.key_group, c.value_group, c.bits};
+    ASSERT_EQ(L.violation(), "");
+    const int64_t n_packed = 3 * std::max<int64_t>(1, c.key_group / c.ps), stored = n_packed + 2;
+    std::mt19937 rng(static_cast<uint32_t>(c.hd + c.ps + c.key_group + c.bits));
+    std::vector<uint8_t> storage(stored * L.bytes());
+    for (uint8_t& b : storage) b = static_cast<uint8_t>(rng());
+    // Finite float16 groups: scale in [2^-10, 2^-2), minimum in (-2, -2^-5].
+    auto put_group = [&](uint8_t* at) {
+      const auto scale = static_cast<uint16_t>((5 + rng() % 8) << 10 | (rng() & 0x3ff));
+      const auto minimum = static_cast<uint16_t>(0x8000 | (10 + rng() % 6) << 10 | (rng() & 0x3ff));
+      std::memcpy(at, &scale, 2);
+      std::memcpy(at + 2, &minimum, 2);
+    };
+    for (int64_t p = 0; p < stored; ++p) {
+      uint8_t* page = storage.data() + p * L.bytes();
+      for (int64_t e = 0; e < L.key_groups_per_page(); ++e) put_group(page + L.key_groups_offset() + 4 * e);
+      for (int64_t e = 0; e < L.value_groups_per_page(); ++e) put_group(page + L.value_groups_offset() + 4 * e);
+    }
+    std::vector<int32_t> packed_pages(stored);
+    std::iota(packed_pages.begin(), packed_pages.end(), 0);
+    std::shuffle(packed_pages.begin(), packed_pages.end(), rng);
+    packed_pages.resize(n_packed);
+
+    // The floats the packed slots stand for, as prefix pages.
+    const int64_t page_floats = kv_heads * c.hd * c.ps;
+    std::vector<float> pk(n_packed * page_floats), pv(n_packed * page_floats);
+    auto page_of = [&](int64_t j) { return storage.data() + packed_pages[j] * L.bytes(); };
+    for (int64_t t = 0; t < n_packed * c.ps; ++t) {
+      const int64_t j = t / c.ps, o = t % c.ps;
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        for (int64_t ch = 0; ch < c.hd; ++ch) {
+          const int64_t index = ((t / c.key_group) * kv_heads + h) * c.hd + ch;
+          const uint8_t* kg = page_of(index / L.key_groups_per_page()) + L.key_groups_offset() +
+                              4 * (index % L.key_groups_per_page());
+          pk[((j * kv_heads + h) * c.hd + ch) * c.ps + o] =
+              group_value(kg, code_at(page_of(j) + L.key_codes_offset(), (h * c.hd + ch) * c.ps + o, c.bits));
+          const uint8_t* vg = page_of(j) + L.value_groups_offset() +
+                              4 * ((o * kv_heads + h) * (c.hd / c.value_group) + ch / c.value_group);
+          pv[((j * kv_heads + h) * c.ps + o) * c.hd + ch] =
+              group_value(vg, code_at(page_of(j) + L.value_codes_offset(), (h * c.ps + o) * c.hd + ch, c.bits));
+        }
+      }
+    }
+
+    const int64_t float_pages = (float_slots + rows + c.ps - 1) / c.ps;
+    const auto kp = random_vector(float_pages * page_floats, 31);
+    const auto vp = random_vector(float_pages * page_floats, 32);
+    const auto q = random_vector(rows * heads * c.hd, 33, 0.3f);
+    std::vector<int32_t> table(float_pages);
+    std::iota(table.rbegin(), table.rend(), 0);
+    for (const KernelTable* k : tables()) {
+      std::vector<float> from_floats(rows * heads * c.hd), in_place(rows * heads * c.hd);
+      PagedAttentionArgs a =
+          attention_args(q, from_floats, kp, vp, table, heads, kv_heads, c.hd, c.ps, n_packed * c.ps + float_slots);
+      a.prefix_len = n_packed * c.ps;
+      a.prefix_k_pages = pk.data();
+      a.prefix_v_pages = pv.data();
+      for (int64_t g = 0; g < kv_heads; ++g) k->attention(a, g, 0, rows);
+      PagedAttentionArgs b = a;
+      b.out = in_place.data();
+      b.prefix_k_pages = b.prefix_v_pages = nullptr;
+      b.packed_layout = &L;
+      b.packed_storage = storage.data();
+      b.packed_pages = packed_pages.data();
+      for (int64_t g = 0; g < kv_heads; ++g) k->attention(b, g, 0, rows);
+      ASSERT_EQ(std::memcmp(from_floats.data(), in_place.data(), in_place.size() * sizeof(float)), 0)
+          << k->isa << ": head_dim " << c.hd << ", page " << c.ps << ", groups " << c.key_group << "/"
+          << c.value_group << ", " << c.bits << " bits";
     }
   }
 }

@@ -103,7 +103,7 @@ TEST(PluginErrors, MissingDescriptor) {
 }
 
 TEST(PluginErrors, AbiMismatchNamesBothVersions) {
-  EXPECT_EQ(load_error(fixture("bad_abi")), "plugins: " + fixture("bad_abi") + ": incompatible ABI (plugin: 99, core: 4); rebuild the plugin against this VeriCache's headers");
+  EXPECT_EQ(load_error(fixture("bad_abi")), "plugins: " + fixture("bad_abi") + ": incompatible ABI (plugin: 99, core: 5); rebuild the plugin against this VeriCache's headers");
 }
 
 TEST(PluginErrors, TorchMismatchNamesBothVersions) {
@@ -153,7 +153,7 @@ TEST(PluginSearch, FindsValidPluginsAndReportsTheRest) {
   EXPECT_EQ(info->path, fixture("streaming_llm"));
   EXPECT_EQ(info->family, CompressorFamily::kTokenDropping);
   EXPECT_EQ(info->mode, CompressionMode::kOffline);
-  EXPECT_EQ(info->abi_version, 4u);
+  EXPECT_EQ(info->abi_version, 5u);
   EXPECT_EQ(info->torch_version, TORCH_VERSION);
   EXPECT_EQ(resolve_plugin("snapkv", {VC_FIXTURE_PLUGIN_DIR}).status().message(),
             "plugins: no compressor named 'snapkv' (found: failing_unpack, streaming_llm, throwing_compress, "

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <vericache/compressor.h>
+#include <vericache/plugin_abi.h>
 
 #include "engine/compression.h"
 #include "kv/packed_page_pool.h"
@@ -213,6 +214,60 @@ TEST(Kivi, RefusesParametersThatDoNotFit) {
   auto snapkv = load_compressor(std::string(VC_PLUGIN_DIR) + "/vc_plugin_snapkv.so", "{}");
   ASSERT_TRUE(snapkv.ok());
   EXPECT_EQ((*snapkv)->packed_format(layout()).status().message(), "snapkv: not a quantizer (no packed pages)");
+}
+
+// A quantizer that only describes its page, for the runtime's checks of a packed format.
+class DescribesPage : public CompressorBase {
+ public:
+  explicit DescribesPage(PackedFormat f)
+      : CompressorBase("describes_page", CompressorFamily::kQuantization, CompressionMode::kOnline, kAllScenarios),
+        format_(f) {}
+
+ protected:
+  Result<PackedFormat> packed_format_impl(const KvLayout&) override { return format_; }
+
+ private:
+  PackedFormat format_;
+};
+
+// KIVI names the standard min-max-groups layout when the fused kernel can read it (groups of a
+// multiple of 16) and keeps it opaque otherwise; the runtime checks a standard layout's definition.
+TEST(Kivi, DeclaresTheStandardLayoutTheRuntimeChecks) {
+  const KvPageSpec spec{1, kHeads, kDim, kPage};
+  for (int bits : {2, 3, 4, 8}) {
+    auto c = kivi(R"({"bits": )" + std::to_string(bits) + R"(, "group_size": 32, "residual_length": 64})");
+    ASSERT_NE(c, nullptr);
+    auto f = checked_packed_format(*c, spec);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    EXPECT_EQ(f->layout, PackedLayout::kMinMaxGroups);
+    EXPECT_EQ(f->key_group, 32);
+    EXPECT_EQ(f->value_group, 32);
+    EXPECT_EQ(f->bytes_per_page, (MinMaxGroupsLayout{kPage, kHeads, kDim, 32, 32, bits}.bytes()));
+  }
+  auto small = kivi(R"({"group_size": 8, "residual_length": 32})");
+  ASSERT_NE(small, nullptr);
+  auto f = checked_packed_format(*small, spec);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(f->layout, PackedLayout::kOpaque);
+
+  const MinMaxGroupsLayout good{kPage, kHeads, kDim, 32, 32, 4};
+  auto check = [&](PackedFormat format, int64_t page_size = kPage) {
+    DescribesPage c(format);
+    return checked_packed_format(c, KvPageSpec{1, kHeads, kDim, page_size}).status().message();
+  };
+  EXPECT_EQ(check({4, good.bytes(), 32, PackedLayout::kMinMaxGroups, 32, 32}), "");
+  EXPECT_EQ(check({4, good.bytes() + 1, 32, PackedLayout::kMinMaxGroups, 32, 32}),
+            "describes_page: packed format: the min-max-groups layout has " + std::to_string(good.bytes()) +
+                " bytes per page, the format says " + std::to_string(good.bytes() + 1));
+  EXPECT_EQ(check({4, good.bytes(), 32, PackedLayout::kMinMaxGroups, 24, 32}),
+            "describes_page: packed format: min-max-groups layout: key group (24) must be a multiple of 16");
+  EXPECT_EQ(check({4, good.bytes(), 64, PackedLayout::kMinMaxGroups, 48, 32}, 32),
+            "describes_page: packed format: min-max-groups layout: key group (48) must be a multiple or a divisor of "
+            "the page size 32");
+  EXPECT_EQ(check({4, good.bytes(), 32, PackedLayout::kMinMaxGroups, 32, 48}),
+            "describes_page: packed format: min-max-groups layout: value group (48) must be a multiple of 16 dividing "
+            "the head dimension 64");
+  EXPECT_EQ(check({4, good.bytes(), 32, static_cast<PackedLayout>(7), 32, 32}), "describes_page: packed format: unknown layout 7");
 }
 
 // --- RotateKV ---------------------------------------------------------------------------------

@@ -123,6 +123,16 @@ Result<PackedFormat> checked_packed_format(Compressor& compressor, const KvPageS
     return Status::plugin_error(who + "flush_slots (" + std::to_string(f.flush_slots) +
                                 ") must be a positive multiple of the page size " + std::to_string(spec.page_size));
   }
+  if (f.layout == PackedLayout::kMinMaxGroups) {
+    const MinMaxGroupsLayout layout{spec.page_size, spec.n_kv_heads, spec.head_dim, f.key_group, f.value_group, f.bit_scheme};
+    if (const std::string why = layout.violation(); !why.empty()) return Status::plugin_error(who + "min-max-groups layout: " + why);
+    if (f.bytes_per_page != layout.bytes()) {
+      return Status::plugin_error(who + "the min-max-groups layout has " + std::to_string(layout.bytes()) +
+                                  " bytes per page, the format says " + std::to_string(f.bytes_per_page));
+    }
+  } else if (f.layout != PackedLayout::kOpaque) {
+    return Status::plugin_error(who + "unknown layout " + std::to_string(static_cast<uint32_t>(f.layout)));
+  }
   return f;
 }
 

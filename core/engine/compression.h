@@ -48,7 +48,8 @@ Status compress_offline(const LlamaModel& model, PagePool& pool, Compressor& com
 
 // A quantizer's packed page for KV pages of `spec` (Compressor::packed_format), checked against the
 // contract: bit_scheme 2, 3, 4 or 8, bytes_per_page > 0, flush_slots a positive multiple of the page
-// size. Errors name the compressor.
+// size, a known layout (a standard one's requirements met and its byte count matching). Errors
+// name the compressor.
 Result<PackedFormat> checked_packed_format(Compressor& compressor, const KvPageSpec& spec);
 
 // Quantizers: in every layer of `kv` (a compressed cache in `pool`), packs the leading float slots

@@ -25,8 +25,8 @@ Status step(const LlamaModel& model, PagePool& pool, SequenceKv& kv, int32_t tok
   const int32_t tokens[] = {token};
   const int32_t positions[] = {static_cast<int32_t>(position)};
   if (packing != nullptr) {
-    const ForwardItem item{tokens,        positions,    &kv, &pool, LogitRows::kLast, packing->request_id,
-                           packing->pool, packing->quantizer};
+    const ForwardItem item{tokens,        positions,          &kv,     &pool, LogitRows::kLast, packing->request_id,
+                           packing->pool, packing->quantizer, nullptr, &packing->format};
     return forward_with_quantizer(model, std::span(&item, 1), pool, logits, *packing->quantizer, packing->format,
                                   *packing->pool, /*observe=*/false);
   }

@@ -603,7 +603,7 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members, double sta
       // A failing unpack() fails this request's drafting (it falls back to full KV), not the batch.
       batch.push_back({r->tokens, r->positions, &r->comp, &device_pool_, LogitRows::kLast, r->id,
                        packed_pool_ ? &*packed_pool_ : nullptr, quantizer() ? options_.compressor : nullptr,
-                       quantizer() ? &r->compressor_status : nullptr});
+                       quantizer() ? &r->compressor_status : nullptr, quantizer() ? &packed_format_ : nullptr});
       ++record.draft_items;
     } else {
       r->tokens.assign(1, r->pending);

@@ -107,6 +107,7 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
       for (ForwardItem& item : batch) {
         item.packed_pool = &*packed;
         item.unpacker = compressor;
+        item.packed_format = &*format;
       }
       return forward_with_quantizer(model_, batch, pool_, &logits, *compressor, *format, *packed, observe);
     }

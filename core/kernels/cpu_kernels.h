@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include <vericache/packed_layout.h>
+
 namespace vericache::cpu {
 
 // How a weight matrix [n][k] is stored. Quantized rows are blocks of 32 values: ggml's own
@@ -39,9 +41,12 @@ struct WeightView {
 //   V pages: [num_pages][n_kv_heads][page_size][head_dim]
 // The request's new rows are already written at slots cached_len, cached_len + 1, ...;
 // row i attends to slots [0, cached_len + i] (causal within the new rows).
-// A quantized cache's packed slots come first, unpacked into prefix pages: slots [0, prefix_len)
-// live in prefix page s / page_size (pages in order, no table), slot prefix_len + s in the paged
-// cache at block_table[s / page_size]; prefix_len is a multiple of page_size and counts in cached_len.
+// A quantized cache's packed slots come first: slots [0, prefix_len) are the packed ones, slot
+// prefix_len + s is in the paged cache at block_table[s / page_size]; prefix_len is a multiple of
+// page_size and counts in cached_len. The packed slots are read either from float prefix pages
+// (unpack()ed: slot s in prefix page s / page_size, pages in order, no table), or in place from
+// packed pages in the min-max-groups layout (vericache/packed_layout.h), dequantized in registers
+// into exactly the floats unpack() gives, so both give the same bits.
 struct PagedAttentionArgs {
   const float* q = nullptr;      // [rows][n_heads][head_dim], row stride q_row_stride
   int64_t q_row_stride = 0;
@@ -56,9 +61,14 @@ struct PagedAttentionArgs {
   int64_t head_dim = 0;                  // 64 or 128
   int64_t cached_len = 0;
   float scale = 0;
+  int64_t prefix_len = 0;
   const float* prefix_k_pages = nullptr;  // [prefix_len / page_size][n_kv_heads][head_dim][page_size]
   const float* prefix_v_pages = nullptr;  // [prefix_len / page_size][n_kv_heads][page_size][head_dim]
-  int64_t prefix_len = 0;
+  // Or, when packed_layout is set: the layer's packed pages in slot order, in `packed_storage`
+  // (page p at packed_storage + p * packed_layout->bytes()).
+  const MinMaxGroupsLayout* packed_layout = nullptr;
+  const uint8_t* packed_storage = nullptr;
+  const int32_t* packed_pages = nullptr;
 };
 
 struct KernelTable {

@@ -333,18 +333,168 @@ inline SlotPlace place_of(const PagedAttentionArgs& a, int64_t slot) {
   return {false, a.block_table[slot / a.page_size], slot % a.page_size};
 }
 
-// The keys of 16 slots from `slot` on (a multiple of 16), channel-major with stride page_size.
-template <int HD>
-inline const float* key_block(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot) {
-  const SlotPlace p = place_of(a, slot);
-  return (p.prefix ? a.prefix_k_pages : a.k_pages) + ((p.page * a.n_kv_heads + kv_head) * HD) * a.page_size + p.offset;
+// Packed slots read in place (PagedAttentionArgs::packed_layout), dequantized as unpack() does:
+// x = code * scale + minimum, the product rounded before the sum. Each min-max group becomes a
+// 16-entry table once (simd::code_table; for 8 bits its scale and minimum), and each code a lookup.
+//
+// One group's dequantizer: a code table (2-4 bits) or the scale and minimum (8 bits).
+template <int B>
+struct GroupDequantizer {
+  Vec16 table_or_scale, minimum;
+
+  static GroupDequantizer at(const uint8_t* group) {
+    const Vec16 scale = simd::set1(simd::half_to_float(load_u16(group)));
+    const Vec16 minimum = simd::set1(simd::half_to_float(load_u16(group + 2)));
+    if constexpr (B == 8) {
+      return {scale, minimum};
+    } else {
+      return {simd::code_table<B>(scale, minimum), minimum};
+    }
+  }
+  // The 16 codes packed from `codes`, dequantized.
+  Vec16 operator()(const uint8_t* codes) const {
+    if constexpr (B == 8) {
+      return simd::add(simd::mul(simd::bytes16(codes), table_or_scale), minimum);
+    } else {
+      return simd::lookup_codes<B>(table_or_scale, codes);
+    }
+  }
+};
+
+// Packed pages are read in short runs (a head's codes of 16 slots are 128-512 bytes of a page of
+// kilobytes), too short for the hardware prefetcher: each block asks for the block this far ahead.
+constexpr int64_t kPrefetchSlots = 8 * simd::kLanes;
+
+inline void prefetch(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
 }
 
-// The value of one slot.
+// The dequantizers of one (key group, KV head): one per channel, kept while the blocks of 16 slots
+// that attention_scores reads stay in that group (a group of 32 tokens serves two blocks).
+template <int HD, int B>
+struct KeyGroupCache {
+  int64_t group = -1, kv_head = -1;
+  GroupDequantizer<B> channel[HD];
+};
+
+// 16 slots from `slot` (a multiple of 16: within one page and, key groups being multiples of 16,
+// within one key group) of one KV head, keys channel-major into out [HD][16].
+template <int HD, int B>
+void decode_keys(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot, KeyGroupCache<HD, B>& cache,
+                 float* out) {
+  const MinMaxGroupsLayout& L = *a.packed_layout;
+  const int64_t bytes = L.bytes();
+  if (slot / L.key_group != cache.group || kv_head != cache.kv_head) {
+    cache.group = slot / L.key_group;
+    cache.kv_head = kv_head;
+    // The group's entries are consecutive in the layer's striped list (no division per channel).
+    const int64_t per_page = L.key_groups_per_page();
+    const int64_t first = (cache.group * L.n_kv_heads + kv_head) * HD;
+    int64_t p = first / per_page, e = first % per_page;
+    const uint8_t* groups = a.packed_storage + a.packed_pages[p] * bytes + L.key_groups_offset();
+    for (int c = 0; c < HD; ++c) {
+      cache.channel[c] = GroupDequantizer<B>::at(groups + 4 * e);
+      if (++e == per_page) {
+        e = 0;
+        groups = a.packed_storage + a.packed_pages[++p] * bytes + L.key_groups_offset();
+      }
+    }
+  }
+  const int64_t channel_bytes = L.page_size * B / 8;
+  auto codes_at = [&](int64_t s) {
+    return a.packed_storage + a.packed_pages[s / L.page_size] * bytes + L.key_codes_offset() +
+           (kv_head * HD * L.page_size + s % L.page_size) * B / 8;
+  };
+  if (const int64_t ahead = slot + kPrefetchSlots; ahead < a.prefix_len) {
+    // That block's codes (one run when a page is one block) and its key groups.
+    prefetch(codes_at(ahead), HD * channel_bytes);
+    const int64_t first = (ahead / L.key_group * L.n_kv_heads + kv_head) * HD;
+    const int64_t per_page = L.key_groups_per_page();
+    prefetch(a.packed_storage + a.packed_pages[first / per_page] * bytes + L.key_groups_offset() + 4 * (first % per_page),
+             4 * HD);
+  }
+  const uint8_t* codes = codes_at(slot);
+  for (int c = 0; c < HD; ++c) simd::store(out + c * simd::kLanes, cache.channel[c](codes + c * channel_bytes));
+}
+
+// The same 16 slots' values, token-major into out [16][HD].
+template <int HD, int B>
+void decode_values(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot, float* out) {
+  const MinMaxGroupsLayout& L = *a.packed_layout;
+  if (const int64_t ahead = slot + kPrefetchSlots; ahead < a.prefix_len) {
+    const uint8_t* page = a.packed_storage + a.packed_pages[ahead / L.page_size] * L.bytes();
+    const int64_t offset = ahead % L.page_size;
+    prefetch(page + L.value_codes_offset() + (kv_head * L.page_size + offset) * HD * B / 8, simd::kLanes * HD * B / 8);
+    prefetch(page + L.value_groups_offset() + 4 * offset * L.n_kv_heads * (HD / L.value_group),
+             4 * simd::kLanes * L.n_kv_heads * (HD / L.value_group));
+  }
+  const uint8_t* page = a.packed_storage + a.packed_pages[slot / L.page_size] * L.bytes();
+  const int64_t offset = slot % L.page_size, group_size = L.value_group, groups_per_row = HD / group_size;
+  const uint8_t* codes = page + L.value_codes_offset() + (kv_head * L.page_size + offset) * HD * B / 8;
+  const uint8_t* groups = page + L.value_groups_offset() + 4 * (offset * L.n_kv_heads + kv_head) * groups_per_row;
+  for (int t = 0; t < simd::kLanes; ++t, codes += HD * B / 8, groups += 4 * L.n_kv_heads * groups_per_row) {
+    for (int64_t g = 0; g < groups_per_row; ++g) {
+      const GroupDequantizer<B> dequantize = GroupDequantizer<B>::at(groups + 4 * g);
+      for (int64_t c = g * group_size; c < (g + 1) * group_size; c += simd::kLanes) {
+        simd::store(out + t * HD + c, dequantize(codes + c * B / 8));
+      }
+    }
+  }
+}
+
+// The keys of the 16 slots from `slot` (a multiple of 16) in float pages, channel-major: channel
+// c's 16 values at keys + c * stride.
+struct KeyBlock {
+  const float* keys;
+  int64_t stride;
+};
 template <int HD>
-inline const float* value_row(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot) {
+inline KeyBlock key_block(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot) {
+  const SlotPlace p = place_of(a, slot);
+  return {(p.prefix ? a.prefix_k_pages : a.k_pages) + ((p.page * a.n_kv_heads + kv_head) * HD) * a.page_size + p.offset,
+          a.page_size};
+}
+
+// The values of the 16 slots from `slot` (a multiple of 16): slot slot + t at rows + t * HD.
+// Packed slots read in place are dequantized into `scratch` ([16][HD]).
+template <int HD>
+inline const float* value_block(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot, float* scratch) {
+  if (slot < a.prefix_len && a.packed_layout != nullptr) {
+    switch (a.packed_layout->bits) {
+      case 2: decode_values<HD, 2>(a, kv_head, slot, scratch); break;
+      case 3: decode_values<HD, 3>(a, kv_head, slot, scratch); break;
+      case 4: decode_values<HD, 4>(a, kv_head, slot, scratch); break;
+      default: decode_values<HD, 8>(a, kv_head, slot, scratch); break;
+    }
+    return scratch;
+  }
   const SlotPlace p = place_of(a, slot);
   return (p.prefix ? a.prefix_v_pages : a.v_pages) + ((p.page * a.n_kv_heads + kv_head) * a.page_size + p.offset) * HD;
+}
+
+// Scores of T query vectors for the 16 slots from s0 whose keys are channel-major at
+// keys + c * stride: one chain of fused multiply-adds over the channels in order per slot.
+template <int HD, int T>
+inline void block_scores(const float* keys, int64_t stride, const float* const* q, Vec16 vscale, int64_t s0,
+                         float* const* scores) {
+  Vec16 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = simd::zero();
+  for (int d = 0; d < HD; ++d) {
+    const Vec16 kv = simd::load(keys + d * stride);
+    for (int t = 0; t < T; ++t) acc[t] = simd::fma(simd::set1(q[t][d]), kv, acc[t]);
+  }
+  for (int t = 0; t < T; ++t) simd::store(scores[t] + s0, simd::mul(acc[t], vscale));
+}
+
+template <int HD, int T, int B>
+void packed_scores(const PagedAttentionArgs& a, int64_t kv_head, const float* const* q, Vec16 vscale, int64_t n_slots,
+                   float* const* scores) {
+  KeyGroupCache<HD, B> cache;
+  alignas(64) float keys[HD * simd::kLanes];
+  for (int64_t s0 = 0; s0 < n_slots; s0 += simd::kLanes) {
+    decode_keys<HD, B>(a, kv_head, s0, cache, keys);
+    block_scores<HD, T>(keys, simd::kLanes, q, vscale, s0, scores);
+  }
 }
 
 // Scores for T query vectors (rows x heads of one KV head) over slots [0, n_slots), in blocks of
@@ -353,15 +503,19 @@ template <int HD, int T>
 void attention_scores(const PagedAttentionArgs& a, int64_t kv_head, const float* const* q, int64_t n_slots,
                       float* const* scores) {
   const Vec16 vscale = simd::set1(a.scale);
-  for (int64_t s0 = 0; s0 < n_slots; s0 += simd::kLanes) {
-    const float* kt = key_block<HD>(a, kv_head, s0);
-    Vec16 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = simd::zero();
-    for (int d = 0; d < HD; ++d) {
-      const Vec16 kv = simd::load(kt + d * a.page_size);
-      for (int t = 0; t < T; ++t) acc[t] = simd::fma(simd::set1(q[t][d]), kv, acc[t]);
+  int64_t s0 = 0;
+  if (a.packed_layout != nullptr) {
+    s0 = std::min(n_slots, a.prefix_len);
+    switch (a.packed_layout->bits) {
+      case 2: packed_scores<HD, T, 2>(a, kv_head, q, vscale, s0, scores); break;
+      case 3: packed_scores<HD, T, 3>(a, kv_head, q, vscale, s0, scores); break;
+      case 4: packed_scores<HD, T, 4>(a, kv_head, q, vscale, s0, scores); break;
+      default: packed_scores<HD, T, 8>(a, kv_head, q, vscale, s0, scores); break;
     }
-    for (int t = 0; t < T; ++t) simd::store(scores[t] + s0, simd::mul(acc[t], vscale));
+  }
+  for (; s0 < n_slots; s0 += simd::kLanes) {
+    const KeyBlock kb = key_block<HD>(a, kv_head, s0);
+    block_scores<HD, T>(kb.keys, kb.stride, q, vscale, s0, scores);
   }
 }
 
@@ -391,13 +545,17 @@ void attention_values(const PagedAttentionArgs& a, int64_t kv_head, int64_t len,
   Vec16 acc[NQ][kVecs];
   for (int t = 0; t < NQ; ++t)
     for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::zero();
-  for (int64_t j = 0; j < len; ++j) {
-    const float* vp = value_row<HD>(a, kv_head, j);
-    Vec16 vv[kVecs];
-    for (int v = 0; v < kVecs; ++v) vv[v] = simd::load(vp + v * simd::kLanes);
-    for (int t = 0; t < NQ; ++t) {
-      const Vec16 w = simd::set1(e[t][j]);
-      for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::fma(w, vv[v], acc[t][v]);
+  alignas(64) float scratch[simd::kLanes * HD];
+  for (int64_t j0 = 0; j0 < len; j0 += simd::kLanes) {
+    const float* rows = value_block<HD>(a, kv_head, j0, scratch);
+    const int64_t n = std::min<int64_t>(simd::kLanes, len - j0);
+    for (int64_t j = 0; j < n; ++j) {
+      Vec16 vv[kVecs];
+      for (int v = 0; v < kVecs; ++v) vv[v] = simd::load(rows + j * HD + v * simd::kLanes);
+      for (int t = 0; t < NQ; ++t) {
+        const Vec16 w = simd::set1(e[t][j0 + j]);
+        for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::fma(w, vv[v], acc[t][v]);
+      }
     }
   }
   for (int t = 0; t < NQ; ++t) {

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -89,6 +90,39 @@ inline Vec16 lookup_five_bits(Vec16 lo, Vec16 hi, const uint8_t* p, int shift, u
 }
 inline Vec16 iota() { return {_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}; }
 
+// 16 bytes as floats (8-bit codes).
+inline Vec16 bytes16(const uint8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+
+// Lane i = table[code i] for 16 consecutive B-bit codes (B = 2, 3 or 4) packed LSB first from p
+// (2B bytes read). `table` repeats every 2^B entries (code_table): the lookup reads a 4-bit window
+// whose low B bits are the code.
+template <int B>
+inline Vec16 lookup_codes(Vec16 table, const uint8_t* p) {
+  static_assert(B == 2 || B == 3 || B == 4);
+  uint64_t word = 0;
+  std::memcpy(&word, p, 2 * B);
+  __m512i windows;
+  if constexpr (B == 4) {
+    // Byte 2j = byte j (low nibble), byte 2j + 1 = byte j >> 4 in its low nibble.
+    const __m128i x = _mm_cvtsi64_si128(static_cast<long long>(word));
+    windows = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(x, _mm_srli_epi16(x, 4)));
+  } else if constexpr (B == 2) {
+    // Lane i: byte i / 4 shifted right by 2 (i % 4).
+    const __m128i x = _mm_cvtsi32_si128(static_cast<int>(word));
+    const __m128i spread = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+    windows = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(spread),
+                                _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6));
+  } else {
+    const __m512i w = _mm512_set1_epi64(static_cast<long long>(word));
+    const __m512i lo = _mm512_srlv_epi64(w, _mm512_setr_epi64(0, 3, 6, 9, 12, 15, 18, 21));
+    const __m512i hi = _mm512_srlv_epi64(w, _mm512_setr_epi64(24, 27, 30, 33, 36, 39, 42, 45));
+    windows = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)), _mm512_cvtepi64_epi32(hi), 1);
+  }
+  return {_mm512_permutexvar_ps(windows, table.v)};  // uses index bits 3..0 only
+}
+
 #else
 
 struct Vec16 {
@@ -156,7 +190,28 @@ inline Vec16 lookup_five_bits(Vec16 lo, Vec16 hi, const uint8_t* p, int shift, u
 }
 inline Vec16 iota() { return map([](int i) { return static_cast<float>(i); }); }
 
+inline Vec16 bytes16(const uint8_t* p) { return map([p](int i) { return static_cast<float>(p[i]); }); }
+
+template <int B>
+inline Vec16 lookup_codes(Vec16 table, const uint8_t* p) {
+  static_assert(B == 2 || B == 3 || B == 4);
+  uint64_t word = 0;
+  std::memcpy(&word, p, 2 * B);
+  return map([&](int i) { return table.v[(word >> (i * B)) & ((1u << B) - 1)]; });
+}
+
 #endif
+
+// The 16-entry table lookup_codes reads for B-bit codes of one min-max group: entry q holds
+// (q mod 2^B) * scale + minimum, the product rounded before the sum (never fused).
+template <int B>
+inline Vec16 code_table(Vec16 scale, Vec16 minimum) {
+  static_assert(B == 2 || B == 3 || B == 4);
+  static constexpr float kCodes[3][kLanes] = {{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3},
+                                              {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7},
+                                              {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}};
+  return add(mul(load(kCodes[B - 2]), scale), minimum);
+}
 
 // e^x for each lane, within 2 ulp over the float range: Cody-Waite reduction by ln 2, a degree-6
 // polynomial (Cephes expf coefficients), and an exact scale by 2^n. Underflows to 0, overflows to inf.

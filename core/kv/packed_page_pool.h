@@ -1,7 +1,8 @@
 // PackedPagePool: byte pages that hold a quantizer's packed KV slots (see PackedFormat in
 // vericache/compressor.h). A packed page holds `page_size` slots of one layer, every KV head, keys
-// and values, in `bytes_per_page` bytes whose layout only the quantizer knows; the runtime only
-// allocates, hands out and frees pages, and counts the bytes. Which page belongs to which request
+// and values, in `bytes_per_page` bytes laid out as the quantizer's PackedFormat says (its own
+// layout, or a standard one the fused attention kernel reads); the pool only allocates, hands out
+// and frees pages, and counts the bytes. Which page belongs to which request
 // and layer is recorded in SequenceKv's packed tables.
 //
 // Ownership: the pool owns its storage; page ids stay valid until released.

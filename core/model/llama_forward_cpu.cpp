@@ -2,13 +2,21 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <optional>
 
+#include "kv/packed_page_pool.h"
 #include "model/llama_model.h"
+#include "util/check.h"
 #include "util/thread_pool.h"
 
 namespace vericache {
 namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 // Columns are handed to threads in groups of this many, so column tiles stay whole.
 constexpr int64_t kColumnGroup = 8;
@@ -32,7 +40,7 @@ void parallel_rms_norm(const cpu::KernelTable& k, const float* x, int64_t rows, 
 }  // namespace
 
 Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin,
-                               at::Tensor* logits, const LayerObserver& observer) const {
+                               at::Tensor* logits, const LayerObserver& observer, ForwardTimes* times) const {
   const LlamaConfig& c = config_;
   const cpu::KernelTable& k = *kernels_;
   const int64_t d = c.d_model, hd = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads, dff = c.d_ff;
@@ -94,10 +102,19 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     page_size[i] = batch[i].pool->spec().page_size;
   }
 
-  // Quantized caches: each layer's packed slots are unpacked into float pages that attention reads
-  // ahead of the cache's float pages (PagedAttentionArgs::prefix_*), one layer at a time.
+  // Quantized caches: a standard layout read by few rows is read in place by the fused kernel;
+  // otherwise each layer's packed slots are unpacked into float pages that attention reads ahead of
+  // the cache's float pages (PagedAttentionArgs::prefix_*), one layer at a time.
+  std::vector<std::optional<MinMaxGroupsLayout>> in_place(batch.size());
   std::vector<at::Tensor> prefix_k(batch.size()), prefix_v(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
+    const PackedFormat* f = batch[i].packed_format;
+    if (f != nullptr && f->layout == PackedLayout::kMinMaxGroups &&
+        begin[i + 1] - begin[i] <= kMaxFusedRows) {
+      in_place[i] = MinMaxGroupsLayout{page_size[i], nkv, hd, f->key_group, f->value_group, f->bit_scheme};
+      VC_CHECK(in_place[i]->bytes() == batch[i].packed_pool->bytes_per_page(), "a packed pool of another format");
+      continue;
+    }
     int64_t most = 0;
     for (int64_t l = 0; l < c.n_layers; ++l) most = std::max(most, batch[i].kv->packed_length(l));
     if (most == 0) continue;
@@ -106,11 +123,13 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     prefix_v[i] = at::empty({pages, nkv, page_size[i], hd}, at::kFloat);
   }
 
+  double attention_seconds = 0;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const Layer& L = layers_[l];
+    auto attention_start = std::chrono::steady_clock::now();
     for (size_t i = 0; i < batch.size(); ++i) {
       const SequenceKv& kv = *batch[i].kv;
-      if (kv.packed_length(l) == 0) continue;
+      if (kv.packed_length(l) == 0 || in_place[i]) continue;
       const int64_t pages = kv.packed_length(l) / page_size[i];
       const PackedPages src{batch[i].packed_pool->storage(), kv.packed_table(l), kv.packed_positions(l),
                             batch[i].request_id};
@@ -125,6 +144,7 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
       k_out.zero_();  // a failed item reads zeros from here on (ForwardItem::unpack_failure)
       v_out.zero_();
     }
+    attention_seconds += seconds_since(attention_start);
     parallel_rms_norm(k, x.data(), rows, d, L.attn_norm, eps, h.data());
     parallel_linear(k, h.data(), d, rows, L.wqkv.view, qkv.data(), qkv_width);
     if (L.bqkv.defined()) {
@@ -167,6 +187,7 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
       }
     }
 
+    attention_start = std::chrono::steady_clock::now();
     ThreadPool::global().parallel_for(static_cast<int64_t>(work.size()), 1, [&](int64_t w0, int64_t w1) {
       for (int64_t w = w0; w < w1; ++w) {
         const AttentionWork& job = work[w];
@@ -184,15 +205,20 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
         a.n_kv_heads = nkv;
         a.head_dim = hd;
         a.cached_len = kv.total_length(l);
-        if (kv.packed_length(l) > 0) {
+        a.prefix_len = kv.packed_length(l);
+        if (a.prefix_len > 0 && in_place[job.item]) {
+          a.packed_layout = &*in_place[job.item];
+          a.packed_storage = batch[job.item].packed_pool->storage().data_ptr<uint8_t>();
+          a.packed_pages = kv.packed_table(l).data();
+        } else if (a.prefix_len > 0) {
           a.prefix_k_pages = prefix_k[job.item].data_ptr<float>();
           a.prefix_v_pages = prefix_v[job.item].data_ptr<float>();
-          a.prefix_len = kv.packed_length(l);
         }
         a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
         k.attention(a, job.kv_head, job.row0, job.row1);
       }
     });
+    attention_seconds += seconds_since(attention_start);
 
     if (observer) {
       std::vector<int64_t> cache_lengths(batch.size());
@@ -225,6 +251,7 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
   }
   *logits = at::empty({n_out, c.vocab_size}, at::kFloat);
   if (n_out > 0) parallel_linear(k, final_h.data(), d, n_out, output_.view, logits->data_ptr<float>(), c.vocab_size);
+  if (times != nullptr) times->attention_seconds += attention_seconds;
   return Status();
 }
 

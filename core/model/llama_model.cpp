@@ -401,7 +401,8 @@ std::vector<int64_t> LlamaModel::logit_rows(std::span<const ForwardItem> batch, 
   return rows;
 }
 
-Status LlamaModel::forward(std::span<const ForwardItem> batch, at::Tensor* logits, const LayerObserver& observer) const {
+Status LlamaModel::forward(std::span<const ForwardItem> batch, at::Tensor* logits, const LayerObserver& observer,
+                           ForwardTimes* times) const {
   VC_RETURN_IF_ERROR(validate(batch));
   if (path_ == ForwardPath::kTorch) {
     for (const ForwardItem& item : batch) {
@@ -418,7 +419,7 @@ Status LlamaModel::forward(std::span<const ForwardItem> batch, at::Tensor* logit
   }
   Status status;
   if (path_ == ForwardPath::kCpuKernels) {
-    status = forward_cpu(batch, begin, logits, observer);
+    status = forward_cpu(batch, begin, logits, observer, times);
   } else if (!batch.empty()) {
     try {
       status = forward_torch(batch, begin, *batch[0].pool, logits, observer);

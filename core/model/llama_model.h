@@ -81,6 +81,19 @@ struct ForwardItem {
   // it fails the forward). After a failure the item's packed slots read as zeros: its rows and the
   // K/V it wrote are garbage the caller must discard (the engine falls back to full KV).
   Status* unpack_failure = nullptr;
+  // The packed pages' format (checked_packed_format). With a standard layout and at most
+  // kMaxFusedRows new tokens, attention reads the packed pages in place (the fused kernel, the same
+  // bits as unpack()); null or kOpaque: through unpack() (a copy set to kOpaque compares the two).
+  const PackedFormat* packed_format = nullptr;
+};
+
+// New tokens per item up to which a standard-layout packed cache is read in place: the fused
+// kernel dequantizes every value once per row, so many rows amortise one unpack() better.
+constexpr int64_t kMaxFusedRows = 16;
+
+// Where a CPU forward's time went (LlamaModel::forward), summed over layers.
+struct ForwardTimes {
+  double attention_seconds = 0;  // unpacking packed pages + the attention kernels
 };
 
 // Called after each layer's attention with that layer's activations for the whole batch
@@ -119,7 +132,9 @@ class LlamaModel {
   // context length, mismatched token/position counts, a missing cache or pool, or a pool of another
   // model, device or dtype; OutOfPages (nothing changed) when a pool cannot hold the new slots of
   // the items it serves.
-  Status forward(std::span<const ForwardItem> batch, at::Tensor* logits, const LayerObserver& observer = {}) const;
+  // `times` (CPU kernels; may be null) receives where the time went.
+  Status forward(std::span<const ForwardItem> batch, at::Tensor* logits, const LayerObserver& observer = {},
+                 ForwardTimes* times = nullptr) const;
 
   // A weight by GGUF name ("blk.3.attn_q.weight", "token_embd.weight", "output_norm.weight", ...)
   // as a float32 CPU tensor in PyTorch order; Q/K rows in adjacent-pair RoPE order (qwen2 files are
@@ -168,7 +183,7 @@ class LlamaModel {
   Status validate_pool(const PagePool& pool) const;
   // After validate() and reserving every item's slots; `begin[i]` is item i's first row.
   Status forward_cpu(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, at::Tensor* logits,
-                     const LayerObserver& observer) const;
+                     const LayerObserver& observer, ForwardTimes* times) const;
   Status forward_torch(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin, PagePool& pool,
                        at::Tensor* logits, const LayerObserver& observer) const;
   // Rows whose logits the batch asks for, in batch order.

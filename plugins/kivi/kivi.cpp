@@ -21,29 +21,9 @@
 namespace vericache::plugin {
 namespace {
 
-// Where things live in one packed page of P slots, H KV heads, d channels, b bits, groups of G:
-//   key codes     [H][d][P]  b bits each (channel-major: a key group runs along a channel)
-//   value codes   [H][P][d]  b bits each
-//   key groups    H*d*P/G (scale, min) float16 pairs: the layer's key groups, ordered
-//                 (token group, head, channel), are striped over its packed pages in slot order
-//   value groups  [P][H][d/G] (scale, min) float16 pairs
-struct PageLayout {
-  int64_t slots = 0, heads = 0, dim = 0, group = 0;
-  int bits = 0;
-  int64_t key_codes = 0, value_codes = 0, key_groups = 0, value_groups = 0;  // byte offsets
-  int64_t key_groups_per_page = 0, bytes = 0;
-
-  PageLayout(int64_t page_size, int64_t n_kv_heads, int64_t head_dim, int64_t group_size, int b)
-      : slots(page_size), heads(n_kv_heads), dim(head_dim), group(group_size), bits(b) {
-    const int64_t codes = packed_code_bytes(slots * heads * dim, bits);
-    value_codes = codes;
-    key_groups = 2 * codes;
-    key_groups_per_page = heads * dim * slots / group;
-    value_groups = key_groups + 4 * key_groups_per_page;
-    bytes = value_groups + 4 * (slots * heads * (dim / group));
-  }
-};
-
+// The page is vericache/packed_layout.h's MinMaxGroupsLayout with key_group = value_group =
+// group_size (KIVI's arrangement, which that layout standardises): key codes channel-major, value
+// codes token-major, key groups striped over the layer's pages, value groups per slot.
 void put_group(uint8_t* at, const MinMaxGroup& g) { std::memcpy(at, &g, sizeof g); }
 MinMaxGroup get_group(const uint8_t* at) {
   MinMaxGroup g;
@@ -51,6 +31,15 @@ MinMaxGroup get_group(const uint8_t* at) {
   return g;
 }
 static_assert(sizeof(MinMaxGroup) == 4, "two float16 values");
+
+// The layout's sizes and byte offsets under short names (G: the group size, keys and values).
+struct Geometry {
+  int64_t P, H, D, G, bytes, kgpp, key_groups, value_codes, value_groups;
+};
+Geometry geometry(const MinMaxGroupsLayout& L) {
+  return {L.page_size,           L.n_kv_heads,           L.head_dim,           L.key_group,          L.bytes(),
+          L.key_groups_per_page(), L.key_groups_offset(), L.value_codes_offset(), L.value_groups_offset()};
+}
 
 class Kivi : public CompressorBase {
  public:
@@ -70,60 +59,62 @@ class Kivi : public CompressorBase {
       return Status::invalid_argument("'residual_length' (" + std::to_string(residual_) +
                                       ") must be a multiple of the KV page size " + std::to_string(layout.page_size));
     }
-    layout_.emplace(layout.page_size, layout.n_kv_heads, layout.head_dim, group_, bits_);
-    return PackedFormat{bits_, layout_->bytes, residual_};
+    layout_ = MinMaxGroupsLayout{layout.page_size, layout.n_kv_heads, layout.head_dim, group_, group_, bits_};
+    // Groups the fused kernel cannot read (not multiples of 16) are read through unpack().
+    const PackedLayout standard = layout_->violation().empty() ? PackedLayout::kMinMaxGroups : PackedLayout::kOpaque;
+    return PackedFormat{bits_, layout_->bytes(), residual_, standard, group_, group_};
   }
 
   Status pack_impl(int64_t, const at::Tensor& k, const at::Tensor& v, PackedPages& dest) override {
-    const PageLayout& L = *layout_;
+    const auto [P, H, D, G, bytes, kgpp, key_groups, value_codes, value_groups] = geometry(*layout_);
     const int64_t n_pages = static_cast<int64_t>(dest.pages.size());
-    if (k.size(0) != n_pages || (n_pages * L.slots) % group_ != 0) {
+    if (k.size(0) != n_pages || (n_pages * P) % G != 0) {
       return Status::internal("pack: a block must be whole pages and whole key groups");
     }
     const float* kp = k.data_ptr<float>();  // [pages][H][d][P]
     const float* vp = v.data_ptr<float>();  // [pages][H][P][d]
     uint8_t* storage = dest.storage.data_ptr<uint8_t>();
-    auto page = [&](int64_t j) { return storage + static_cast<int64_t>(dest.pages[j]) * L.bytes; };
-    for (int64_t j = 0; j < n_pages; ++j) std::memset(page(j), 0, L.key_groups);  // codes are OR-ed in
+    auto page = [&](int64_t j) { return storage + static_cast<int64_t>(dest.pages[j]) * bytes; };
+    for (int64_t j = 0; j < n_pages; ++j) std::memset(page(j), 0, key_groups);  // codes are OR-ed in
 
     // Keys: per (token group, head, channel), G consecutive slots, possibly across pages.
-    const int64_t token_groups = n_pages * L.slots / L.group;
+    const int64_t token_groups = n_pages * P / G;
     for (int64_t g = 0; g < token_groups; ++g) {
-      for (int64_t h = 0; h < L.heads; ++h) {
-        for (int64_t c = 0; c < L.dim; ++c) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t c = 0; c < D; ++c) {
           float lo = INFINITY, hi = -INFINITY;
-          for (int64_t t = g * L.group; t < (g + 1) * L.group; ++t) {
-            const float x = kp[((t / L.slots * L.heads + h) * L.dim + c) * L.slots + t % L.slots];
+          for (int64_t t = g * G; t < (g + 1) * G; ++t) {
+            const float x = kp[((t / P * H + h) * D + c) * P + t % P];
             lo = std::min(lo, x);
             hi = std::max(hi, x);
           }
           const MinMaxGroup q = MinMaxGroup::fit(lo, hi, bits_);
-          const int64_t index = (g * L.heads + h) * L.dim + c;
-          put_group(page(index / L.key_groups_per_page) + L.key_groups + 4 * (index % L.key_groups_per_page), q);
-          for (int64_t t = g * L.group; t < (g + 1) * L.group; ++t) {
-            const int64_t within = (h * L.dim + c) * L.slots + t % L.slots;
-            put_code(page(t / L.slots), within, bits_, q.code(kp[(t / L.slots * L.heads * L.dim) * L.slots + within], bits_));
+          const int64_t index = (g * H + h) * D + c;
+          put_group(page(index / kgpp) + key_groups + 4 * (index % kgpp), q);
+          for (int64_t t = g * G; t < (g + 1) * G; ++t) {
+            const int64_t within = (h * D + c) * P + t % P;
+            put_code(page(t / P), within, bits_, q.code(kp[(t / P * H * D) * P + within], bits_));
           }
         }
       }
     }
 
     // Values: per (slot, head, channel group).
-    const int64_t groups = L.dim / L.group;
+    const int64_t groups = D / G;
     for (int64_t j = 0; j < n_pages; ++j) {
-      for (int64_t t = 0; t < L.slots; ++t) {
-        for (int64_t h = 0; h < L.heads; ++h) {
+      for (int64_t t = 0; t < P; ++t) {
+        for (int64_t h = 0; h < H; ++h) {
           for (int64_t gc = 0; gc < groups; ++gc) {
-            const int64_t first = (h * L.slots + t) * L.dim + gc * L.group;
-            const float* x = vp + j * L.heads * L.slots * L.dim + first;
+            const int64_t first = (h * P + t) * D + gc * G;
+            const float* x = vp + j * H * P * D + first;
             float lo = INFINITY, hi = -INFINITY;
-            for (int64_t c = 0; c < L.group; ++c) {
+            for (int64_t c = 0; c < G; ++c) {
               lo = std::min(lo, x[c]);
               hi = std::max(hi, x[c]);
             }
             const MinMaxGroup q = MinMaxGroup::fit(lo, hi, bits_);
-            put_group(page(j) + L.value_groups + 4 * ((t * L.heads + h) * groups + gc), q);
-            for (int64_t c = 0; c < L.group; ++c) put_code(page(j) + L.value_codes, first + c, bits_, q.code(x[c], bits_));
+            put_group(page(j) + value_groups + 4 * ((t * H + h) * groups + gc), q);
+            for (int64_t c = 0; c < G; ++c) put_code(page(j) + value_codes, first + c, bits_, q.code(x[c], bits_));
           }
         }
       }
@@ -132,36 +123,36 @@ class Kivi : public CompressorBase {
   }
 
   Status unpack_impl(int64_t, const PackedPages& src, at::Tensor& k, at::Tensor& v) override {
-    const PageLayout& L = *layout_;
+    const auto [P, H, D, G, bytes, kgpp, key_groups, value_codes, value_groups] = geometry(*layout_);
     const auto n_pages = static_cast<int64_t>(src.pages.size());
     const uint8_t* storage = src.storage.data_ptr<uint8_t>();
     float* kp = k.data_ptr<float>();
     float* vp = v.data_ptr<float>();
-    const int64_t groups = L.dim / L.group;
+    const int64_t groups = D / G;
     at::parallel_for(0, n_pages, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t j = p0; j < p1; ++j) {
-        const uint8_t* page = storage + static_cast<int64_t>(src.pages[j]) * L.bytes;
-        float* kj = kp + j * L.heads * L.dim * L.slots;
-        for (int64_t h = 0; h < L.heads; ++h) {
-          for (int64_t c = 0; c < L.dim; ++c) {
-            for (int64_t t = 0; t < L.slots; ++t) {
-              const int64_t g = (j * L.slots + t) / L.group;
-              const int64_t index = (g * L.heads + h) * L.dim + c;
+        const uint8_t* page = storage + static_cast<int64_t>(src.pages[j]) * bytes;
+        float* kj = kp + j * H * D * P;
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t c = 0; c < D; ++c) {
+            for (int64_t t = 0; t < P; ++t) {
+              const int64_t g = (j * P + t) / G;
+              const int64_t index = (g * H + h) * D + c;
               const MinMaxGroup q = get_group(storage +
-                                              static_cast<int64_t>(src.pages[index / L.key_groups_per_page]) * L.bytes +
-                                              L.key_groups + 4 * (index % L.key_groups_per_page));
-              const int64_t within = (h * L.dim + c) * L.slots + t;
+                                              static_cast<int64_t>(src.pages[index / kgpp]) * bytes +
+                                              key_groups + 4 * (index % kgpp));
+              const int64_t within = (h * D + c) * P + t;
               kj[within] = q.value(get_code(page, within, bits_));
             }
           }
         }
-        float* vj = vp + j * L.heads * L.slots * L.dim;
-        for (int64_t t = 0; t < L.slots; ++t) {
-          for (int64_t h = 0; h < L.heads; ++h) {
+        float* vj = vp + j * H * P * D;
+        for (int64_t t = 0; t < P; ++t) {
+          for (int64_t h = 0; h < H; ++h) {
             for (int64_t gc = 0; gc < groups; ++gc) {
-              const MinMaxGroup q = get_group(page + L.value_groups + 4 * ((t * L.heads + h) * groups + gc));
-              const int64_t first = (h * L.slots + t) * L.dim + gc * L.group;
-              for (int64_t c = 0; c < L.group; ++c) vj[first + c] = q.value(get_code(page + L.value_codes, first + c, bits_));
+              const MinMaxGroup q = get_group(page + value_groups + 4 * ((t * H + h) * groups + gc));
+              const int64_t first = (h * P + t) * D + gc * G;
+              for (int64_t c = 0; c < G; ++c) vj[first + c] = q.value(get_code(page + value_codes, first + c, bits_));
             }
           }
         }
@@ -174,7 +165,7 @@ class Kivi : public CompressorBase {
   int bits_;
   int64_t group_;
   int64_t residual_;
-  std::optional<PageLayout> layout_;  // set by packed_format()
+  std::optional<MinMaxGroupsLayout> layout_;  // set by packed_format()
 };
 
 Status make_kivi(const std::string& json, std::unique_ptr<Compressor>* out) {

@@ -26,6 +26,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <vericache/kv_view.h>
+#include <vericache/packed_layout.h>
 #include <vericache/status.h>
 
 namespace vericache {
@@ -49,10 +50,15 @@ struct CompressedKV {
 // `bytes_per_page` bytes, laid out as the compressor chooses (codes, scales, zero points, kept
 // full-precision values). The runtime packs a layer's oldest committed float slots in blocks of
 // `flush_slots` (a positive multiple of the page size) as soon as a whole block is committed.
+// A page in a standard layout (vericache/packed_layout.h) is read in place by the runtime's fused
+// dequantize-attention kernel; kOpaque pages are read through unpack().
 struct PackedFormat {
   int bit_scheme = 0;          // bits per stored code, the same everywhere (2, 3, 4 or 8)
   int64_t bytes_per_page = 0;  // > 0
   int64_t flush_slots = 0;
+  PackedLayout layout = PackedLayout::kOpaque;
+  int64_t key_group = 0;    // kMinMaxGroups: tokens per key group (MinMaxGroupsLayout::key_group)
+  int64_t value_group = 0;  // kMinMaxGroups: channels per value group
 };
 
 // Packed pages of one layer of one request, in slot order: for pack() the block being packed (it
