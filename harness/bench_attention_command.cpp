@@ -122,7 +122,7 @@ Result<Measured> measure(const LlamaModel& m, const Config& config, const Sequen
 int run_bench_attention(int argc, char** argv) {
   std::string model_arg, text_file;
   std::vector<std::string> quantizer_args;
-  int64_t context = 8192, batch = 8, steps = 6, page_size = 16, prefill_chunk = 512;
+  int64_t context = 8160, batch = 8, steps = 6, page_size = 16, prefill_chunk = 512;
   int threads = 0;
   bool json = false;
   po::options_description desc(
@@ -137,7 +137,7 @@ int run_bench_attention(int argc, char** argv) {
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompt is cut from")
-    ("context", po::value(&context)->default_value(8192), "prompt tokens")
+    ("context", po::value(&context)->default_value(8160), "prompt tokens (with --steps, within the model's context)")
     ("batch", po::value(&batch)->default_value(8), "requests decoding together")
     ("steps", po::value(&steps)->default_value(6), "decode steps per configuration, the first a warm-up")
     ("quantizer", po::value(&quantizer_args)->composing(),
@@ -149,7 +149,7 @@ int run_bench_attention(int argc, char** argv) {
   // clang-format on
   po::variables_map vm;
   const std::string example =
-      "Example:\n  vericache bench-attention --context 8192 --batch 8 --quantizer 'kivi={\"bits\": 4}' "
+      "Example:\n  vericache bench-attention --context 8160 --batch 8 --quantizer 'kivi={\"bits\": 4}' "
       "--quantizer 'kivi={\"bits\": 2}'\n";
   if (auto done = parse_command_line("bench-attention", desc, example, argc, argv, &vm,
                                      {{"context", 16, kMaxContextLength}, {"batch", 1, 4096}, {"steps", 2, 1 << 16},

@@ -10,7 +10,7 @@ tokens. "attention" is the unpack + attention kernels of all layers (ForwardTime
 
 Writes results/attention_8k_cpu_smollm2.md and .json (or --out). Usage, from the repository root,
 after harness/setup.sh:
-  python3 harness/bench/attention_bench.py [--context 8192] [--batch 8] [--steps 6]
+  python3 harness/bench/attention_bench.py [--context 8160] [--batch 8] [--steps 6]
                                           [--quantizer 'kivi={"bits": 4}' ...]
 """
 import argparse
@@ -29,7 +29,7 @@ VERICACHE = os.path.join(ROOT, "build", "vericache")
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--context", default="8192")
+    ap.add_argument("--context", default="8160")
     ap.add_argument("--batch", default="8")
     ap.add_argument("--steps", default="6")
     ap.add_argument("--threads", default="2")
