@@ -69,7 +69,7 @@ int run_compress(int argc, char** argv) {
   std::string model_arg, compressor_arg, params = "{}", prompt, prompt_file;
   std::vector<std::string> plugin_dirs;
   double ratio = 0.25;
-  bool raw = false, json = false;
+  bool raw = false, json = false, positions = false;
   int threads = 0;
   po::options_description desc(
       "vericache compress: run one compressor on a prompt's full KV cache and report the kept set\n\nOptions");
@@ -85,7 +85,9 @@ int run_compress(int argc, char** argv) {
     ("no-chat-template", po::bool_switch(&raw), "tokenize the prompt as is, without the chat template")
     ("plugin-dir", po::value(&plugin_dirs)->composing(), "also search this folder for plugins (repeatable)")
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores")
-    ("json", po::bool_switch(&json), "print one JSON object");
+    ("json", po::bool_switch(&json), "print one JSON object")
+    ("positions", po::bool_switch(&positions),
+     "token dropping: also print the kept positions per (layer, KV head); with --json as kept_positions[layer][head]");
   // clang-format on
   po::variables_map vm;
   const std::string example =
@@ -104,6 +106,10 @@ int run_compress(int argc, char** argv) {
   if (!compressor.ok()) return report_status("compress", compressor.status());
   const bool quantizer = (*compressor)->family() == CompressorFamily::kQuantization;
   if (quantizer && !vm["ratio"].defaulted()) return report_usage_error("compress", quantizer_ratio_error((*compressor)->name()));
+  if (quantizer && positions) {
+    return report_usage_error("compress", "--positions lists kept tokens; a quantizer (" + (*compressor)->name() +
+                                              ") keeps every token");
+  }
   auto ids = prompt_tokens(m, *text, raw, "");
   if (!ids.ok()) return report_error(ids.status());
   const auto n = static_cast<int64_t>(ids->size());
@@ -127,6 +133,14 @@ int run_compress(int argc, char** argv) {
     kept_total += kv.length(l);
   }
   const double kept_fraction = static_cast<double>(kept_total) / static_cast<double>(n * m.config().n_layers);
+  // [layer][KV head] the original positions kept, in slot order (increasing).
+  std::vector<std::vector<std::vector<int64_t>>> kept_positions(kv.n_layers());
+  for (int64_t l = 0; l < kv.n_layers() && positions; ++l) {
+    for (int64_t h = 0; h < m.config().n_kv_heads; ++h) {
+      std::vector<int64_t>& p = kept_positions[l].emplace_back();
+      for (int64_t s = 0; s < kv.length(l); ++s) p.push_back(kv.position(l, h, s));
+    }
+  }
   if (json) {
     nlohmann::json out{{"compressor", (*compressor)->name()}, {"path", plugin_path},   {"params", params},
                        {"ratio", ratio},                      {"prompt_tokens", n},    {"kept_per_layer", kept_per_layer},
@@ -134,6 +148,7 @@ int run_compress(int argc, char** argv) {
                        {"prefill_seconds", times.prefill_seconds},
                        {"full_kv_bytes", full_pages * pool->page_bytes()},
                        {"resident_kv_bytes", resident_pages * pool->page_bytes()}};
+    if (positions) out["kept_positions"] = kept_positions;
     std::cout << out.dump() << "\n";
   } else {
     std::printf("%s (%s) at c = %.3f on %lld prompt tokens: kept %.3f of the cache\n", (*compressor)->name().c_str(),
@@ -149,6 +164,13 @@ int run_compress(int argc, char** argv) {
     std::printf("kept per layer (per KV head):");
     for (int64_t k : kept_per_layer) std::printf(" %lld", static_cast<long long>(k));
     std::printf("\n");
+    for (size_t l = 0; l < kept_positions.size() && positions; ++l) {
+      for (size_t h = 0; h < kept_positions[l].size(); ++h) {
+        std::printf("layer %zu head %zu:", l, h);
+        for (int64_t p : kept_positions[l][h]) std::printf(" %lld", static_cast<long long>(p));
+        std::printf("\n");
+      }
+    }
   }
   kv.release(*pool);
   return kExitOk;

@@ -57,7 +57,7 @@ int run_plugins(int argc, char** argv) {
                                 {"api_version", p.api_version},
                                 {"torch_version", p.torch_version},
                                 {"cxx11_abi", p.cxx11_abi},
-                                {"compiler", p.compiler}});
+                                {"compiler", p.compiler}, {"cxx_library", p.cxx_library}});
     }
     out["rejected"] = nlohmann::json::array();
     for (const Status& s : search.rejected) out["rejected"].push_back(s.message());

@@ -230,7 +230,7 @@ TEST(Cli, PluginsListsDescriptorsAndRefusals) {
     expected.erase(it);
   }
   EXPECT_TRUE(expected.empty()) << expected.begin()->first << " not listed: " << r.out;
-  EXPECT_EQ(out["rejected"].size(), 3u);
+  EXPECT_EQ(out["rejected"].size(), 5u);  // the broken fixtures
 }
 
 // `vericache calibrate --compressor rotatekv` writes one key-channel order per layer, each a
@@ -342,6 +342,24 @@ TEST(Cli, CompressRunsAPluginByPath) {
   EXPECT_EQ(out["compressor"], "streaming_llm");
   const int64_t n = out["prompt_tokens"];
   for (const auto& k : out["kept_per_layer"]) EXPECT_EQ(k.get<int64_t>(), n / 2);
+  EXPECT_FALSE(out.contains("kept_positions"));
+  // --positions: StreamingLLM keeps the 2 sinks and the newest n/2 - 2 tokens, in every (layer, head).
+  const CliRun listed = run_vericache("compress --compressor " + plugin +
+                                      " --params '{\"sinks\": 2}' -c 0.5 --no-chat-template --json --positions -p \"" +
+                                      std::string(40, 'a') + " b c d e f g h\"");
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  std::vector<int64_t> want{0, 1};
+  for (int64_t p = n - (n / 2 - 2); p < n; ++p) want.push_back(p);
+  const auto kept = nlohmann::json::parse(listed.out)["kept_positions"];
+  ASSERT_EQ(kept.size(), out["kept_per_layer"].size());
+  for (const auto& layer : kept) {
+    ASSERT_EQ(layer.size(), 3u);  // SmolLM2's KV heads
+    for (const auto& head : layer) EXPECT_EQ(head.get<std::vector<int64_t>>(), want);
+  }
+  const CliRun quantized = run_vericache("compress --compressor kivi --positions -p hi");
+  EXPECT_EQ(quantized.exit_code, 2);
+  EXPECT_EQ(quantized.err.rfind("vericache compress: --positions lists kept tokens; a quantizer (kivi) keeps every token\n", 0), 0u)
+      << quantized.err;
   const CliRun bad = run_vericache("compress --compressor " + plugin + " --params '{\"sinks\": -1}' -p hi");
   EXPECT_EQ(bad.exit_code, 2);  // bad --params are a bad command line
   EXPECT_EQ(bad.err.rfind("vericache compress: plugins: streaming_llm: bad parameters: 'sinks' must be a non-negative "

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/version.h>
+#include <vericache/plugin_abi.h>
 
 #include <sys/stat.h>
 
@@ -111,6 +112,21 @@ TEST(PluginErrors, TorchMismatchNamesBothVersions) {
             "plugins: " + fixture("bad_torch") + ": built against torch 1.13.1, core uses " + TORCH_VERSION);
 }
 
+// The C++ standard library must be the core's (VC_PLUGIN_CXX_LIBRARY), and a libstdc++ no newer;
+// the compiler itself may differ (it is listed, not checked: GCC and Clang share the C++ ABI).
+TEST(PluginErrors, CxxLibraryMismatchNamesBoth) {
+  EXPECT_EQ(load_error(fixture("bad_cxx_library")),
+            "plugins: " + fixture("bad_cxx_library") + ": built with the C++ library libc++ 170000, core uses " +
+                VC_PLUGIN_CXX_LIBRARY + " (standard containers cross the plugin boundary); rebuild the plugin with libstdc++");
+  EXPECT_EQ(load_error(fixture("newer_libstdcxx")),
+            "plugins: " + fixture("newer_libstdcxx") + ": built with libstdc++ 99991231, newer than the core's " +
+                VC_PLUGIN_CXX_LIBRARY + "; rebuild the plugin with the core's compiler (" + __VERSION__ + ")");
+  auto info = inspect_plugin(fixture("streaming_llm"));
+  ASSERT_TRUE(info.ok()) << info.status().message();
+  EXPECT_EQ(info->cxx_library, VC_PLUGIN_CXX_LIBRARY);
+  EXPECT_EQ(info->compiler, __VERSION__);
+}
+
 TEST(PluginErrors, ThrowingFactoryBecomesAStatus) {
   EXPECT_EQ(load_error(fixture("throwing_factory")),
             "plugins: throwing_factory: factory failed: out of luck while building the compressor");
@@ -147,7 +163,7 @@ TEST(PluginSearch, FindsValidPluginsAndReportsTheRest) {
   for (const PluginInfo& p : search.found) names.push_back(p.name);
   EXPECT_EQ(names,
             (std::vector<std::string>{"failing_unpack", "streaming_llm", "throwing_compress", "throwing_factory"}));
-  EXPECT_EQ(search.rejected.size(), 3u);  // bad_abi, bad_torch, no_descriptor
+  EXPECT_EQ(search.rejected.size(), 5u);  // bad_abi, bad_torch, bad_cxx_library, newer_libstdcxx, no_descriptor
   auto info = resolve_plugin("streaming_llm", {VC_FIXTURE_PLUGIN_DIR});
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->path, fixture("streaming_llm"));

@@ -48,6 +48,28 @@ Result<std::shared_ptr<Library>> open_library(const std::string& path) {
   return lib;
 }
 
+// The plugin's C++ standard library against the core's (VC_PLUGIN_CXX_LIBRARY): the same library,
+// and for libstdc++ a release no newer than the core's.
+Status check_cxx_library(const std::string& path, const char* recorded) {
+  const std::string plugin = recorded != nullptr ? recorded : "none recorded", core = VC_PLUGIN_CXX_LIBRARY;
+  const auto name = [](const std::string& s) { return s.substr(0, s.find(' ')); };
+  const auto version = [](const std::string& s) {
+    const size_t space = s.find(' ');
+    return space == std::string::npos ? std::string() : s.substr(space + 1);
+  };
+  if (name(plugin) != name(core)) {
+    return Status::plugin_error("plugins: " + path + ": built with the C++ library " + plugin + ", core uses " + core +
+                                " (standard containers cross the plugin boundary); rebuild the plugin with " + name(core));
+  }
+  // libstdc++ release dates (YYYYMMDD) compare as numbers of equal length.
+  const std::string v = version(plugin), cv = version(core);
+  if (name(core) == "libstdc++" && (v.size() != cv.size() || v > cv)) {
+    return Status::plugin_error("plugins: " + path + ": built with " + plugin + ", newer than the core's " + core +
+                                "; rebuild the plugin with the core's compiler (" + __VERSION__ + ")");
+  }
+  return Status();
+}
+
 Result<PluginInfo> validate(const std::string& path, const Library& lib) {
   if (!lib.has(kDescriptorSymbol)) {
     return Status::plugin_error("plugins: " + path + ": missing symbol " + kDescriptorSymbol);
@@ -67,6 +89,7 @@ Result<PluginInfo> validate(const std::string& path, const Library& lib) {
     return Status::plugin_error("plugins: " + path + ": built with _GLIBCXX_USE_CXX11_ABI=" +
                                 std::to_string(d->cxx11_abi) + ", core uses " + std::to_string(_GLIBCXX_USE_CXX11_ABI));
   }
+  if (Status s = check_cxx_library(path, d->cxx_library); !s.ok()) return s;
   if (d->name == nullptr || *d->name == '\0') return Status::plugin_error("plugins: " + path + ": the descriptor has no name");
   if (d->family > 1 || d->mode > 1) {
     return Status::plugin_error("plugins: " + path + ": the descriptor has an unknown family or mode");
@@ -84,6 +107,7 @@ Result<PluginInfo> validate(const std::string& path, const Library& lib) {
   info.torch_version = torch;
   info.cxx11_abi = d->cxx11_abi;
   info.compiler = d->compiler != nullptr ? d->compiler : "";
+  info.cxx_library = d->cxx_library;
   return info;
 }
 

@@ -33,6 +33,7 @@ struct PluginInfo {
   std::string torch_version;
   int cxx11_abi = 0;
   std::string compiler;
+  std::string cxx_library;
 };
 
 // Opens `path` and validates its descriptor.

@@ -3,7 +3,9 @@
 // Every plugin exports, with C linkage, `vc_plugin_descriptor_v1`: a function returning a static
 // descriptor. The loader reads it before touching any C++ symbol and refuses the library unless
 //   abi_version == VC_PLUGIN_ABI_VERSION   (bumped on any change of a signature or layout), and
-//   torch_version and cxx11_abi equal the core's (tensors cross the boundary as C++ objects).
+//   torch_version and cxx11_abi equal the core's (tensors cross the boundary as C++ objects), and
+//   cxx_library names the core's C++ standard library, for libstdc++ a release no newer than the
+//   core's (the compiler is recorded and listed by `vericache plugins`, not checked).
 // api_version counts additive changes (new optional hooks); an older plugin keeps loading.
 // Then it looks up `vc_plugin_create_v1`, the factory, which takes the parameters as JSON text.
 // No exception crosses the boundary: the factory returns a Status, and CompressorBase turns
@@ -38,7 +40,8 @@ struct vc_plugin_descriptor {
   uint32_t scenarios;         // vericache::Scenario bits
   const char* torch_version;  // TORCH_VERSION the plugin was built against
   int32_t cxx11_abi;          // _GLIBCXX_USE_CXX11_ABI at build time
-  const char* compiler;       // __VERSION__
+  const char* compiler;       // __VERSION__ (informational: GCC and Clang share the C++ ABI)
+  const char* cxx_library;    // VC_PLUGIN_CXX_LIBRARY: must be the core's library, no newer
 };
 
 }  // extern "C"
@@ -58,6 +61,17 @@ using PluginFactory = Status(const std::string& json_params, std::unique_ptr<Com
 #define VC_PLUGIN_STRINGIFY_INNER_(x) #x
 #define VC_PLUGIN_STRINGIFY_(x) VC_PLUGIN_STRINGIFY_INNER_(x)
 
+// The C++ standard library a translation unit is built with: "libstdc++ <release date>" or
+// "libc++ <version>". std::string, std::vector and tensors cross the plugin boundary, so the loader
+// refuses another library, or a libstdc++ newer than the core's (its symbols may be missing).
+#if defined(_LIBCPP_VERSION)
+#define VC_PLUGIN_CXX_LIBRARY "libc++ " VC_PLUGIN_STRINGIFY_(_LIBCPP_VERSION)
+#elif defined(__GLIBCXX__)
+#define VC_PLUGIN_CXX_LIBRARY "libstdc++ " VC_PLUGIN_STRINGIFY_(__GLIBCXX__)
+#else
+#define VC_PLUGIN_CXX_LIBRARY "unknown"
+#endif
+
 // Defines the descriptor and the factory entry point. FACTORY is a function with the PluginFactory
 // signature; exceptions it throws become PluginError statuses here, inside the plugin.
 #define VC_EXPORT_COMPRESSOR(NAME, DESCRIPTION, FAMILY, MODE, SCENARIOS, FACTORY)                              \
@@ -71,7 +85,8 @@ using PluginFactory = Status(const std::string& json_params, std::unique_ptr<Com
                                                  static_cast<uint32_t>(SCENARIOS),                           \
                                                  TORCH_VERSION,                                              \
                                                  _GLIBCXX_USE_CXX11_ABI,                                     \
-                                                 __VERSION__};                                               \
+                                                 __VERSION__,                                                \
+                                                 VC_PLUGIN_CXX_LIBRARY};                                     \
     return &descriptor;                                                                                      \
   }                                                                                                          \
   extern "C" __attribute__((visibility("default"))) vericache::Status vc_plugin_create_v1(                     \
