@@ -109,7 +109,7 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
   std::vector<at::Tensor> prefix_k(batch.size()), prefix_v(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     const PackedFormat* f = batch[i].packed_format;
-    if (f != nullptr && f->layout == PackedLayout::kMinMaxGroups &&
+    if (f != nullptr && f->layout == PackedLayout::kMinMaxGroups && batch[i].packed_pool != nullptr &&
         begin[i + 1] - begin[i] <= kMaxFusedRows) {
       in_place[i] = MinMaxGroupsLayout{page_size[i], nkv, hd, f->key_group, f->value_group, f->bit_scheme};
       VC_CHECK(in_place[i]->bytes() == batch[i].packed_pool->bytes_per_page(), "a packed pool of another format");

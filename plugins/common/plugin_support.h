@@ -1,6 +1,7 @@
-// Helpers the bundled plugins share: JSON parameters with precise errors, the kept-count rule,
-// dense per-layer keys and values from the paged view, and per-head top-k selection.
-// Header-only (compiled into each plugin). Not part of the installed contract.
+// Helpers the bundled plugins share: JSON parameters with precise errors, bit widths and
+// calibration paths. (The kept-count rule, dense per-layer keys and values and per-head top-k are
+// in the installed vericache/token_scorer.h.) Header-only (compiled into each plugin). Not part of
+// the installed contract.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -15,6 +16,7 @@
 
 #include <vericache/compressor.h>
 #include <vericache/kv_view.h>
+#include <vericache/token_scorer.h>
 
 namespace vericache::plugin {
 
@@ -113,37 +115,6 @@ inline Status check_bit_width(int64_t bits) {
 inline std::string calibration_path(ParamReader& p, const char* env_var) {
   const char* env = std::getenv(env_var);
   return p.text("calibration", env != nullptr ? env : "");
-}
-
-// Tokens kept per KV head of a layer of n tokens at kept fraction c: floor(n * c), at least 1.
-// kvpress computes max(1, int(n * (1 - compression_ratio))) with compression_ratio = 1 - c, which
-// can land one lower when 1 - (1 - c) is inexact (c = 0.1, n = 30 gives 2 there, 3 here); the
-// epsilon keeps products such as 0.3 * 10 = 2.9999999999999996 at 3.
-inline int64_t kept_count(int64_t n, double ratio) {
-  return std::clamp<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(n) * ratio + 1e-9)), 1, n);
-}
-
-// Keys or values of one layer as a dense float32 CPU tensor [n_kv_heads, length, head_dim], in
-// slot order (a full cache: position order).
-inline at::Tensor layer_pages(const KvCacheView& view, int64_t layer, bool keys) {
-  const int64_t n = view.lengths[layer], ps = view.layout.page_size, hd = view.layout.head_dim;
-  const int64_t nkv = view.layout.n_kv_heads;
-  const auto& table = view.block_tables[layer];
-  const at::Tensor& storage = keys ? view.k_pages : view.v_pages;
-  const at::Tensor pages = at::tensor(std::vector<int64_t>(table.begin(), table.end()), at::kLong).to(storage.device());
-  const int64_t np = pages.size(0);
-  // Keys are stored transposed within a page ([hd, ps]), values not ([ps, hd]).
-  const at::Tensor slots = keys ? storage.index_select(0, pages).permute({1, 0, 3, 2})
-                                : storage.index_select(0, pages).permute({1, 0, 2, 3});
-  return slots.reshape({nkv, np * ps, hd}).narrow(1, 0, n).to(at::kCPU, at::kFloat).contiguous();
-}
-inline at::Tensor layer_keys(const KvCacheView& view, int64_t layer) { return layer_pages(view, layer, true); }
-inline at::Tensor layer_values(const KvCacheView& view, int64_t layer) { return layer_pages(view, layer, false); }
-
-// The k highest-scoring positions of every row of `scores` [n_kv_heads, n], sorted increasing
-// (the contract's order; top-k order is irrelevant to attention).
-inline at::Tensor top_k_sorted(const at::Tensor& scores, int64_t k) {
-  return std::get<0>(at::sort(std::get<1>(at::topk(scores, k, /*dim=*/1)), /*dim=*/1)).contiguous();
 }
 
 }  // namespace vericache::plugin

@@ -6,17 +6,17 @@
 // non-sink keys of  mu'.k / sqrt(d) + k' Sigma' k / (2d)  (the log of E[exp(q.k / sqrt(d))]),
 // averaged over the query group and multiplied by ||v|| (plus epsilon first); sinks are kept.
 //
-// Pre-RoPE queries are linear in the attention input x (q_j = W_Q,j x), so update() only keeps
+// Pre-RoPE queries are linear in the attention input x (q_j = W_Q,j x), so observe() only keeps
 // the running mean and covariance of x over the prompt (float64, [d_model] and [d_model, d_model]
 // per layer and request); compress() maps them through W_Q: mu_j = W_Q,j E[x],
 // Sigma_j = W_Q,j Cov[x] W_Q,j^T.
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <map>
 #include <vector>
 
 #include <vericache/plugin_abi.h>
+#include <vericache/token_scorer.h>
 
 #include "../common/plugin_support.h"
 
@@ -57,30 +57,29 @@ struct InputMoments {
   }
 };
 
-class ExpectedAttention : public CompressorBase {
+// Per request: the attention inputs' moments, per layer.
+using LayerMoments = std::vector<InputMoments>;
+
+class ExpectedAttention : public TokenScorer<LayerMoments> {
  public:
-  explicit ExpectedAttention(Options o)
-      : CompressorBase("expected_attention", CompressorFamily::kTokenDropping, CompressionMode::kOffline, kAllScenarios),
-        o_(o) {}
+  explicit ExpectedAttention(Options o) : TokenScorer("expected_attention", CompressionMode::kOffline), o_(o) {}
 
  protected:
-  Status update_impl(const LayerActivations& acts, std::vector<LayerDrops>*) override {
-    const at::Tensor positions = acts.positions.to(at::kCPU);
-    for (size_t i = 0; i < acts.request_ids.size(); ++i) {
-      const int64_t begin = acts.row_offsets[i], end = acts.row_offsets[i + 1];
-      if (end == begin) continue;
-      // Rows of sink positions are left out of the statistics.
-      const at::Tensor use = positions.narrow(0, begin, end - begin) >= o_.n_sink;
-      const at::Tensor x = acts.hidden.narrow(0, begin, end - begin).to(at::kCPU, at::kFloat).index({use});
-      if (x.size(0) == 0) continue;
-      std::vector<InputMoments>& layers = moments_[acts.request_ids[i]];
-      if (layers.size() <= static_cast<size_t>(acts.layer)) layers.resize(acts.layer + 1);
-      layers[acts.layer].add(x);
-    }
+  Status observe(const RequestRows& rows, LayerMoments& moments) override {
+    // Rows of sink positions are left out of the statistics.
+    const at::Tensor use = rows.positions >= o_.n_sink;
+    const at::Tensor x = rows.hidden.to(at::kCPU, at::kFloat).index({use});
+    if (x.size(0) == 0) return Status();
+    if (moments.size() <= static_cast<size_t>(rows.layer)) moments.resize(rows.layer + 1);
+    moments[rows.layer].add(x);
     return Status();
   }
 
-  Status compress_impl(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) override {
+  // Sinks are kept.
+  ProtectedTokens protected_tokens(int64_t) const override { return {o_.n_sink, 0}; }
+
+  Status score(const KvCacheView& full_kv, ModelAccess& model, LayerMoments& moments,
+               std::vector<at::Tensor>* scores) override {
     const ModelShape& shape = model.shape();
     const int64_t n = full_kv.lengths[0], nkv = shape.n_kv_heads, hd = shape.head_dim, nh = shape.n_heads;
     const int64_t group = nh / nkv;
@@ -88,14 +87,12 @@ class ExpectedAttention : public CompressorBase {
       return Status::invalid_argument("the prompt (" + std::to_string(n) + " tokens) must be longer than n_sink (" +
                                       std::to_string(o_.n_sink) + ")");
     }
-    const auto found = moments_.find(model.request_id());
-    if (found == moments_.end() || static_cast<int64_t>(found->second.size()) != shape.n_layers) {
+    if (static_cast<int64_t>(moments.size()) != shape.n_layers) {
       return Status::internal("no query statistics recorded: the runtime must report the prefill through update()");
     }
     const at::Tensor avg_rotation = average_future_rotation(model, n, hd);  // [hd, hd]
-    out->kept.clear();
     for (int64_t l = 0; l < shape.n_layers; ++l) {
-      const InputMoments& m = found->second[l];
+      const InputMoments& m = moments[l];
       VC_ASSIGN_OR_RETURN(at::Tensor wq, model.weight("blk." + std::to_string(l) + ".attn_q.weight"));  // [nh*hd, d]
       const at::Tensor wq64 = wq.to(at::kDouble);
       const at::Tensor& mean_x = m.mean;
@@ -117,16 +114,12 @@ class ExpectedAttention : public CompressorBase {
         const at::Tensor rcov = at::matmul(at::matmul(avg_rotation, cov), avg_rotation.t()).to(at::kFloat);
         z += (at::matmul(keys_g, rcov) * keys_g).sum(-1) / static_cast<double>(hd) / 2.0;
       }
-      at::Tensor scores = at::softmax(z, -1).view({nkv, group, -1}).mean(1);                // [nkv, m]
-      if (o_.use_vnorm) scores = (scores + o_.epsilon) * values.norm(2, -1);
-      const float top = scores.max().item<float>() + 1.0f;
-      scores = at::cat({at::full({nkv, o_.n_sink}, top, scores.options()), scores}, 1);
-      out->kept.push_back(top_k_sorted(scores, kept_count(n, ratio)));
+      at::Tensor s = at::softmax(z, -1).view({nkv, group, -1}).mean(1);                     // [nkv, m]
+      if (o_.use_vnorm) s = (s + o_.epsilon) * values.norm(2, -1);
+      scores->push_back(at::cat({at::zeros({nkv, o_.n_sink}), s}, 1));                     // [nkv, n]
     }
     return Status();
   }
-
-  void release_impl(int64_t request_id) override { moments_.erase(request_id); }
 
  private:
   // R = mean over p in [n, n + F) of the RoPE rotation at p, float64 [hd, hd]. Our K/Q rows are in
@@ -149,7 +142,6 @@ class ExpectedAttention : public CompressorBase {
   }
 
   Options o_;
-  std::map<int64_t, std::vector<InputMoments>> moments_;  // request id -> per layer
 };
 
 Status make_expected_attention(const std::string& json, std::unique_ptr<Compressor>* out) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <vericache/plugin_abi.h>
+#include <vericache/token_scorer.h>
 
 #include "../common/plugin_support.h"
 #include "kvzip_scorer.h"
@@ -58,29 +59,23 @@ std::vector<int64_t> global_allocation(const std::vector<at::Tensor>& scores, in
   return count;
 }
 
-class Kvzip : public CompressorBase {
+class Kvzip : public TokenScorer<> {
  public:
   Kvzip(kvzip::ScoringOptions options, bool global, bool keep_prefix)
-      : CompressorBase("kvzip", CompressorFamily::kTokenDropping, CompressionMode::kOffline, kAllScenarios),
-        options_(options),
-        global_(global),
-        keep_prefix_(keep_prefix) {}
+      : TokenScorer("kvzip", CompressionMode::kOffline), options_(options), global_(global), keep_prefix_(keep_prefix) {}
 
  protected:
-  Status compress_impl(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) override {
-    std::vector<at::Tensor> scores;
-    VC_RETURN_IF_ERROR(kvzip::score_context(full_kv, model, options_, &scores));
-    const int64_t n = full_kv.lengths[0];
-    const int64_t keep = kept_count(n, ratio);
-    const int64_t forced = std::min(keep_prefix_ ? std::max(options_.n_sink, options_.context_start) : options_.n_sink, n);
-    float top = 0;
-    for (const at::Tensor& s : scores) top = std::max(top, s.max().item<float>());
-    for (at::Tensor& s : scores) s.narrow(1, 0, forced).fill_(top + 1.0f);
-    const std::vector<int64_t> counts =
-        global_ ? global_allocation(scores, keep, std::min(forced, keep)) : std::vector<int64_t>(scores.size(), keep);
-    out->kept.clear();
-    for (size_t l = 0; l < scores.size(); ++l) out->kept.push_back(top_k_sorted(scores[l], counts[l]));
-    return Status();
+  Status score(const KvCacheView& full_kv, ModelAccess& model, NoState&, std::vector<at::Tensor>* scores) override {
+    return kvzip::score_context(full_kv, model, options_, scores);
+  }
+
+  ProtectedTokens protected_tokens(int64_t n) const override {
+    return {std::min(keep_prefix_ ? std::max(options_.n_sink, options_.context_start) : options_.n_sink, n), 0};
+  }
+
+  std::vector<int64_t> layer_budgets(const std::vector<at::Tensor>& scores, int64_t keep,
+                                     int64_t protected_count) const override {
+    return global_ ? global_allocation(scores, keep, protected_count) : std::vector<int64_t>(scores.size(), keep);
   }
 
  private:

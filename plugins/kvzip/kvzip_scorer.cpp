@@ -67,7 +67,7 @@ Status score_context(const KvCacheView& full_kv, ModelAccess& model, const Scori
     const at::Tensor causal = at::arange(m, at::kLong).unsqueeze(0) > at::arange(m, at::kLong).unsqueeze(1);  // [m, m]
     auto observe = [&](const LayerActivations& acts) -> Status {
       const int64_t l = acts.layer;
-      const at::Tensor keys = plugin::layer_keys(full_kv, l);  // [nkv, n, hd]
+      const at::Tensor keys = layer_keys(full_kv, l);  // [nkv, n, hd]
       const at::Tensor pass_k = acts.k.to(at::kCPU, at::kFloat).permute({1, 0, 2});  // [nkv, m, hd]
       const at::Tensor sub = at::cat({keys.narrow(1, 0, sink), keys.narrow(1, begin, len), pass_k}, 1);
       // Query heads of one KV head stacked: one batched GEMM per KV head, no broadcast copies.
@@ -77,7 +77,7 @@ Status score_context(const KvCacheView& full_kv, ModelAccess& model, const Scori
       at::Tensor attn = at::softmax(logits, -1).narrow(3, sink, len);  // [nkv, g, m, len]
       if (options.plus) {
         const at::Tensor x_norm = acts.hidden.to(at::kCPU, at::kFloat).norm(2, -1);  // [m]
-        const at::Tensor v = plugin::layer_values(full_kv, l).narrow(1, begin, len).repeat_interleave(group, 0);  // [n_heads, len, hd]
+        const at::Tensor v = layer_values(full_kv, l).narrow(1, begin, len).repeat_interleave(group, 0);  // [n_heads, len, hd]
         const at::Tensor wov = at::matmul(v, wo[l].transpose(1, 2)).norm(2, -1).view({nkv, group, 1, len});
         attn = attn / x_norm.view({1, 1, m, 1}) * wov;
       }

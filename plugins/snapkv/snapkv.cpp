@@ -2,60 +2,57 @@
 // kvpress's SnapKVPress computes it: the last `window_size` prompt queries vote (softmax in
 // float32, causal inside the window, mean over the window) for the earlier keys; the votes are
 // smoothed with an average pool of `kernel_size` and averaged over each KV head's query group; the
-// window itself is always kept. Offline: the window queries are recorded by update() during the
-// prefill, compress() scores after it.
+// window itself is always kept. Offline, on TokenScorer: the window queries are recorded during the
+// prefill (observe), the scores computed after it (score).
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <map>
 #include <vector>
 
 #include <vericache/plugin_abi.h>
+#include <vericache/token_scorer.h>
 
 #include "../common/plugin_support.h"
 
 namespace vericache::plugin {
 namespace {
 
-class SnapKv : public CompressorBase {
+// Per request: each layer's post-RoPE queries of the last `window_size` prompt rows.
+using WindowQueries = std::vector<at::Tensor>;  // [layer] [<= window, n_heads, hd]
+
+class SnapKv : public TokenScorer<WindowQueries> {
  public:
   SnapKv(int64_t window, int64_t kernel)
-      : CompressorBase("snapkv", CompressorFamily::kTokenDropping, CompressionMode::kOffline, kAllScenarios),
-        window_(window),
-        kernel_(kernel) {}
+      : TokenScorer("snapkv", CompressionMode::kOffline), window_(window), kernel_(kernel) {}
 
  protected:
-  // Keeps the post-RoPE queries of each request's last `window_` prompt rows, per layer.
-  Status update_impl(const LayerActivations& acts, std::vector<LayerDrops>*) override {
-    for (size_t i = 0; i < acts.request_ids.size(); ++i) {
-      const int64_t begin = acts.row_offsets[i], end = acts.row_offsets[i + 1];
-      if (end == begin) continue;
-      std::vector<at::Tensor>& layers = windows_[acts.request_ids[i]];
-      if (layers.size() <= static_cast<size_t>(acts.layer)) layers.resize(acts.layer + 1);
-      at::Tensor rows = acts.q.narrow(0, begin, end - begin).to(at::kCPU, at::kFloat);
-      at::Tensor& w = layers[acts.layer];
-      w = w.defined() ? at::cat({w, rows}) : rows.clone();
-      if (w.size(0) > window_) w = w.narrow(0, w.size(0) - window_, window_).clone();
-    }
+  Status observe(const RequestRows& rows, WindowQueries& windows) override {
+    if (windows.size() <= static_cast<size_t>(rows.layer)) windows.resize(rows.layer + 1);
+    const at::Tensor q = rows.q.to(at::kCPU, at::kFloat);
+    at::Tensor& w = windows[rows.layer];
+    w = w.defined() ? at::cat({w, q}) : q.clone();
+    if (w.size(0) > window_) w = w.narrow(0, w.size(0) - window_, window_).clone();
     return Status();
   }
 
-  Status compress_impl(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) override {
+  // The window itself is always kept.
+  ProtectedTokens protected_tokens(int64_t) const override { return {0, window_}; }
+
+  Status score(const KvCacheView& full_kv, ModelAccess& model, WindowQueries& windows,
+               std::vector<at::Tensor>* scores) override {
     const ModelShape& shape = model.shape();
-    const auto found = windows_.find(model.request_id());
     const int64_t n = full_kv.lengths[0];
     if (n <= window_) {
       return Status::invalid_argument("the prompt (" + std::to_string(n) + " tokens) must be longer than the observation window (" +
                                       std::to_string(window_) + "); lower 'window_size'");
     }
-    if (found == windows_.end() || static_cast<int64_t>(found->second.size()) != shape.n_layers) {
+    if (static_cast<int64_t>(windows.size()) != shape.n_layers) {
       return Status::internal("no window queries recorded: the runtime must report the prefill through update()");
     }
     const int64_t group = shape.n_heads / shape.n_kv_heads, hd = shape.head_dim, nkv = shape.n_kv_heads;
     const int64_t prefix = n - window_;
-    out->kept.clear();
     for (int64_t l = 0; l < shape.n_layers; ++l) {
-      const at::Tensor& q = found->second[l];  // [window, n_heads, hd]
+      const at::Tensor& q = windows[l];  // [window, n_heads, hd]
       if (q.size(0) != window_) return Status::internal("fewer window queries recorded than the window size");
       const at::Tensor keys = layer_keys(full_kv, l);                                     // [nkv, n, hd]
       const at::Tensor qh = q.permute({1, 0, 2}).reshape({nkv, group * window_, hd});    // grouped by KV head
@@ -66,20 +63,14 @@ class SnapKv : public CompressorBase {
       const at::Tensor attn = at::softmax(logits, -1).narrow(-1, 0, prefix);               // [nkv, g, window, prefix]
       at::Tensor votes = attn.mean(2).reshape({nkv * group, 1, prefix});
       votes = at::avg_pool1d(votes, {kernel_}, {1}, {kernel_ / 2}).view({nkv, group, -1}).narrow(-1, 0, prefix);
-      at::Tensor scores = votes.mean(1);                                                  // [nkv, prefix]
-      const float top = scores.max().item<float>() + 1.0f;
-      scores = at::cat({scores, at::full({nkv, window_}, top, scores.options())}, 1);
-      out->kept.push_back(top_k_sorted(scores, kept_count(n, ratio)));
+      scores->push_back(at::cat({votes.mean(1), at::zeros({nkv, window_})}, 1));          // [nkv, n]
     }
     return Status();
   }
 
-  void release_impl(int64_t request_id) override { windows_.erase(request_id); }
-
  private:
   int64_t window_;
   int64_t kernel_;
-  std::map<int64_t, std::vector<at::Tensor>> windows_;  // request id -> per layer [<= window, n_heads, hd]
 };
 
 Status make_snapkv(const std::string& json, std::unique_ptr<Compressor>* out) {

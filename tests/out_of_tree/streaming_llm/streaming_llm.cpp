@@ -1,34 +1,28 @@
 // StreamingLLM (Xiao et al., "Efficient Streaming Language Models with Attention Sinks", ICLR 2024)
 // as a VeriCache compressor: keep the first `sinks` tokens and the most recent ones, the same set
-// for every head. The example of a plugin built outside the tree against the installed package.
-#include <ATen/ops/arange.h>
-#include <ATen/ops/cat.h>
+// for every head. The example of a plugin built outside the tree against the installed package, on
+// the TokenScorer base: it only says how tokens score; the base keeps the top floor(c * n).
+#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <cmath>
-
 #include <vericache/plugin_abi.h>
+#include <vericache/token_scorer.h>
 
 namespace {
 
-class StreamingLlm : public vericache::CompressorBase {
+class StreamingLlm : public vericache::TokenScorer<> {
  public:
-  explicit StreamingLlm(int64_t sinks)
-      : CompressorBase("streaming_llm", vericache::CompressorFamily::kTokenDropping,
-                       vericache::CompressionMode::kOffline, vericache::kAllScenarios),
-        sinks_(sinks) {}
+  explicit StreamingLlm(int64_t sinks) : TokenScorer("streaming_llm", vericache::CompressionMode::kOffline), sinks_(sinks) {}
 
  protected:
-  vericache::Status compress_impl(const vericache::KvCacheView& full_kv, double ratio, vericache::ModelAccess&,
-                                  vericache::CompressedKV* out) override {
-    out->kept.clear();
+  // Newer tokens score higher, and the sinks higher still (the earliest first).
+  vericache::Status score(const vericache::KvCacheView& full_kv, vericache::ModelAccess&, vericache::NoState&,
+                          std::vector<at::Tensor>* scores) override {
+    const int64_t n = full_kv.lengths[0];
+    const at::Tensor position = at::arange(n, at::kFloat);
+    const at::Tensor score = at::where(position < sinks_, 2 * n - position, position);
     for (int64_t layer = 0; layer < full_kv.layout.n_layers; ++layer) {
-      const int64_t n = full_kv.lengths[layer];
-      const int64_t keep = std::clamp<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(n) * ratio)), 1, n);
-      const int64_t sinks = std::min(sinks_, keep);
-      const at::Tensor kept = at::cat({at::arange(0, sinks, at::kLong), at::arange(n - (keep - sinks), n, at::kLong)});
-      out->kept.push_back(kept.unsqueeze(0).expand({full_kv.layout.n_kv_heads, keep}).contiguous());
+      scores->push_back(score.unsqueeze(0).expand({full_kv.layout.n_kv_heads, n}));
     }
     return vericache::Status();
   }
