@@ -332,6 +332,31 @@ TEST(Cli, CompressAndGenerateRunQuantizers) {
   }
 }
 
+// bench-attention: one row per cache (float32, KIVI in place, KIVI through unpack()), the float row
+// the reference of the speedups, the packed rows at KIVI's bit math (4 bits + 2 float16 per group of
+// 32 keys and of 32 values: 5/32 of float32) plus the float residual of the new tokens.
+TEST(Cli, BenchAttentionMeasuresFloatAndKiviBothWays) {
+  const CliRun r = run_vericache("bench-attention --json --context 256 --batch 2 --steps 2 --quantizer 'kivi={\"bits\": 4}'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<nlohmann::json> rows;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 3u) << r.out;
+  EXPECT_EQ(rows[0]["cache"], "float32");
+  EXPECT_EQ(rows[1]["cache"], "kivi 4-bit in place");
+  EXPECT_EQ(rows[2]["cache"], "kivi 4-bit unpack()");
+  EXPECT_DOUBLE_EQ(rows[0]["attention_speedup"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(rows[0]["resident_fraction"].get<double>(), 1.0);
+  for (int i : {1, 2}) {
+    EXPECT_EQ(rows[i]["bits"], 4);
+    EXPECT_DOUBLE_EQ(rows[i]["resident_fraction"].get<double>(), 5.0 / 32.0) << rows[i].dump();
+    EXPECT_GT(rows[i]["attention_ms"].get<double>(), 0.0);
+  }
+  const CliRun dropper = run_vericache("bench-attention --context 256 --quantizer snapkv");
+  EXPECT_EQ(dropper.exit_code, 2);
+  EXPECT_EQ(dropper.err.rfind("vericache bench-attention: snapkv is not a quantizer", 0), 0u) << dropper.err;
+}
+
 TEST(Cli, CompressRunsAPluginByPath) {
   const std::string plugin = std::string(VC_FIXTURE_PLUGIN_DIR) + "/vc_plugin_streaming_llm.so";
   const CliRun r = run_vericache("compress --compressor " + plugin +
