@@ -357,6 +357,44 @@ TEST(Cli, BenchAttentionMeasuresFloatAndKiviBothWays) {
   EXPECT_EQ(dropper.err.rfind("vericache bench-attention: snapkv is not a quantizer", 0), 0u) << dropper.err;
 }
 
+// `vericache conformance` on the rule-breaking fixture by path: exit status 1 and a report naming
+// the broken rule and where; 0 on the same fixture without a flaw; errors for a bad or missing spec.
+TEST(Cli, ConformanceReportsTheBrokenRule) {
+  const std::string plugin = std::string(VC_FIXTURE_PLUGIN_DIR) + "/vc_plugin_rule_breaker.so";
+  const CliRun broken =
+      run_vericache("conformance --compressor " + plugin + " --params '{\"flaw\": \"drops_sink\"}' --ratios 0.25");
+  EXPECT_EQ(broken.exit_code, 1) << broken.err;
+  EXPECT_NE(broken.out.find("\n  FAIL  protected       c = 0.25         layer 7, head 0, position 0: a protected token is "
+                            "not kept\n"),
+            std::string::npos)
+      << broken.out;
+  EXPECT_TRUE(broken.out.ends_with("\n8 of 9 checks passed: BROKEN: protected\n")) << broken.out;
+
+  const CliRun fine = run_vericache("conformance --compressor " + plugin + " --ratios 0.5 --json");
+  ASSERT_EQ(fine.exit_code, 0) << fine.err;
+  const auto report = nlohmann::json::parse(fine.out);
+  EXPECT_EQ(report["compressor"], "rule_breaker");
+  EXPECT_EQ(report["passed"], true);
+  EXPECT_EQ(report["broken_rules"].size(), 0u);
+  EXPECT_EQ(report["checks"].size(), 10u);
+  EXPECT_EQ(report["checks"].back()["rule"], "lossless");
+
+  const std::string spec = testing::temp_dir() + "/bad_spec.json";
+  std::ofstream(spec) << R"({"protect": {"first": 4}})";
+  const CliRun bad = run_vericache("conformance --compressor " + plugin + " --spec " + spec);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.err, "vericache conformance: " + spec +
+                         ": conformance spec: \"protect\" is not a spec key (params, ratios, budget, window, protected, "
+                         "max_relative_error)\nRun 'vericache conformance --help' for the options.\n");
+  const CliRun missing = run_vericache("conformance --compressor " + plugin + " --spec /nonexistent/spec.json");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_EQ(missing.err, "vericache: error: /nonexistent/spec.json: cannot read the conformance spec\n");
+  const CliRun none = run_vericache("conformance");
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_EQ(none.err, "vericache conformance: give --compressor NAME or --compressor PATH\nRun 'vericache conformance "
+                      "--help' for the options.\n");
+}
+
 TEST(Cli, CompressRunsAPluginByPath) {
   const std::string plugin = std::string(VC_FIXTURE_PLUGIN_DIR) + "/vc_plugin_streaming_llm.so";
   const CliRun r = run_vericache("compress --compressor " + plugin +

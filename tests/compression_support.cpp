@@ -64,6 +64,21 @@ std::string params_for(const std::string& plugin, const std::string& model_path)
 
 std::string params_for(const std::string& plugin) { return params_for(plugin, default_model_path()); }
 
+std::vector<PluginInfo> bundled_plugins() {
+  PluginSearch search = find_plugins({VC_PLUGIN_DIR});
+  for (const Status& s : search.rejected) ADD_FAILURE() << s.message();
+  EXPECT_FALSE(search.found.empty()) << "no plugins in " << VC_PLUGIN_DIR;
+  return search.found;
+}
+
+std::vector<std::string> bundled_plugin_names(std::optional<CompressorFamily> family) {
+  std::vector<std::string> names;
+  for (const PluginInfo& p : bundled_plugins()) {
+    if (!family || p.family == *family) names.push_back(p.name);
+  }
+  return names;
+}
+
 std::shared_ptr<Compressor> bundled_compressor(const std::string& name, const std::string& params, const LlamaModel& model) {
   auto loaded = load_compressor(std::string(VC_PLUGIN_DIR) + "/vc_plugin_" + name + ".so", params);
   EXPECT_TRUE(loaded.ok()) << loaded.status().message();

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <vericache/compressor.h>
 
 #include "kv/page_pool.h"
+#include "loader/plugin_loader.h"
 #include "kv/sequence_kv.h"
 #include "model/llama_model.h"
 
@@ -30,6 +32,12 @@ const std::string& kvquant_calibration(const std::string& model_path);
 // the default model.
 std::string params_for(const std::string& plugin, const std::string& model_path);
 std::string params_for(const std::string& plugin);
+
+// The bundled plugins as the loader finds them in build/plugins, sorted by file name (the list
+// itself lives in plugins/CMakeLists.txt); fails the test when a file there is rejected.
+std::vector<PluginInfo> bundled_plugins();
+// Their names, of one family only when `family` is given.
+std::vector<std::string> bundled_plugin_names(std::optional<CompressorFamily> family = std::nullopt);
 
 // A bundled plugin from build/plugins, created with `params` and attached to `model`; fails the
 // test (and returns nullptr) when that does not work.

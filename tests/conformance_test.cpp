@@ -1,48 +1,28 @@
-// The compressor conformance matrix: every bundled token-dropping plugin at c in {0.1, 0.25, 0.5}
-// on the real model and a real 672-token prompt, run the way the engine runs it (update() through
-// the prefill, compress() + compaction, drops applied). Each case checks the contract: the kept
-// count per (layer, KV head) equals the plugin's budget; kept positions are unique, sorted and in
-// range; its protected tokens are kept; the result is deterministic; the resident pages are
-// c * full within page rounding; and decoding on the compressed cache alone runs and differs from
-// full-KV decoding (KL > 0: these compressors are lossy by themselves).
+// The conformance kit (conformance/conformance.h, `vericache conformance`) on every bundled plugin
+// (as the loader finds them: the list lives in plugins/CMakeLists.txt), on SmolLM2 and, for the
+// token droppers, on Qwen2.5-Coder 0.5B; the kit's report on a fixture that breaks each rule in
+// turn; and how the engine runs a compressor compared with running it by hand.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <numeric>
 #include <string>
 
-#include <unistd.h>
-
 #include "compression_support.h"
+#include "conformance/conformance.h"
 #include "engine/compression.h"
 #include "engine/compression_divergence.h"
 #include "engine/generator.h"
+#include "loader/plugin_loader.h"
 #include "test_support.h"
 
 namespace vericache {
 namespace {
 
-using testing::CompressionRun;
-
-using testing::kKvzapWindow;
 using testing::params_for;
-
-struct Case {
-  std::string plugin;
-  double ratio;
-  bool qwen = false;  // on Qwen2.5-Coder 0.5B instead of SmolLM2
-};
-
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.plugin << " at c = " << c.ratio << (c.qwen ? " on Qwen2.5-Coder 0.5B" : "");
-}
-
-class Conformance : public ::testing::TestWithParam<Case> {};
 
 // Greedy decoding of `steps` tokens after `kv` (positions from `start`), returning the logits of
 // each step; an online compressor sees every step and its drops are applied.
@@ -74,95 +54,134 @@ at::Tensor prefill_full(const LlamaModel& m, const std::vector<int32_t>& ids, Pa
   return logits[0];
 }
 
-TEST_P(Conformance, KeepsTheBudgetCompactsAndIsLossyAlone) {
-  const Case c = GetParam();
-  const LlamaModel* m = c.qwen ? testing::qwen_model() : testing::default_model();
+// The kit's prompt in tests: what `vericache conformance` runs by default (the first 640 tokens of
+// datasets/prompts/document_2k.txt, tokenized as is).
+std::vector<int32_t> kit_prompt(const LlamaModel& m) {
+  std::vector<int32_t> ids = m.tokenizer().encode(testing::read_file(testing::source_path("datasets/prompts/document_2k.txt")), false);
+  ids.resize(640);
+  return ids;
+}
+
+ConformanceSpec spec_beside(const std::string& plugin_path) {
+  const std::string path = conformance_spec_path(plugin_path);
+  auto spec = parse_conformance_spec(testing::read_file(path));
+  EXPECT_TRUE(spec.ok()) << path << ": " << spec.status().message();
+  return spec.ok() ? *spec : ConformanceSpec{};
+}
+
+// Runs the kit on the plugin at `path` with `params` over its spec's own; every failed check
+// becomes a test failure naming the rule, the setting and the offence.
+ConformanceReport run_kit(const LlamaModel& m, const std::string& path, const std::string& params, ConformanceSpec spec) {
+  auto merged = conformance_params(spec, params);
+  EXPECT_TRUE(merged.ok()) << merged.status().message();
+  const CompressorFactory make = [&]() -> Result<std::shared_ptr<Compressor>> {
+    VC_ASSIGN_OR_RETURN(std::shared_ptr<Compressor> c, load_compressor(path, *merged));
+    VC_RETURN_IF_ERROR(c->attach(m.shape()));
+    return c;
+  };
+  ConformanceOptions options;
+  options.prompt = kit_prompt(m);
+  auto report = run_conformance(m, make, spec, options);
+  EXPECT_TRUE(report.ok()) << report.status().message();
+  return report.ok() ? *report : ConformanceReport{};
+}
+
+// Every bundled plugin keeps every rule of the kit (vericache conformance) with its spec, on
+// SmolLM2: the ratios of its spec (token dropping) or its default bit width (quantization), and
+// drafting for the engine without changing a token.
+TEST(Conformance, EveryBundledPluginKeepsEveryRule) {
+  const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
-  std::vector<int32_t> ids = testing::kvpress_prompt_ids("doc");
-  if (c.qwen) {  // the same text in Qwen's tokens
-    ids = m->tokenizer().encode(testing::default_model()->tokenizer().decode(ids, true), /*parse_special=*/true);
-  }
-  const auto n = static_cast<int64_t>(ids.size());
-  const int64_t layers = m->config().n_layers, heads = m->config().n_kv_heads, ps = 16;
-  const int64_t k = std::max<int64_t>(1, static_cast<int64_t>(std::floor(n * c.ratio + 1e-9)));
-
-  auto compressor = testing::bundled_compressor(c.plugin, params_for(c.plugin, m->path()), *m);
-  ASSERT_NE(compressor, nullptr);
-  auto run = testing::run_compression(*m, *compressor, ids, c.ratio);
-  ASSERT_TRUE(run->status.ok()) << run->status.message();
-  const SequenceKv& kv = run->kv;
-
-  // Budget: per layer the same count for every head.
-  int64_t kept_total = 0;
-  for (int64_t l = 0; l < layers; ++l) {
-    const int64_t kept = kv.length(l);
-    kept_total += kept;
-    if (c.plugin == "kvzap") {
-      EXPECT_EQ(kept, std::max(k, std::min(n, kKvzapWindow))) << "layer " << l;
-    } else if (c.plugin != "kvzip") {
-      EXPECT_EQ(kept, k) << "layer " << l;
+  const std::vector<PluginInfo> plugins = testing::bundled_plugins();
+  ASSERT_GE(plugins.size(), 7u);
+  for (const PluginInfo& plugin : plugins) {
+    const ConformanceReport report = run_kit(*m, plugin.path, testing::params_for(plugin.name), spec_beside(plugin.path));
+    EXPECT_EQ(report.compressor, plugin.name);
+    EXPECT_GE(report.checks.size(), plugin.family == CompressorFamily::kTokenDropping ? 25u : 7u) << plugin.name;
+    for (const ConformanceCheck& c : report.checks) {
+      EXPECT_TRUE(c.passed) << plugin.name << " " << c.rule << " " << c.setting << ": " << c.detail;
     }
-    for (int64_t h = 0; h < heads; ++h) ASSERT_EQ(static_cast<int64_t>(kv.slot_positions(l, h).size()), kept);
+    EXPECT_EQ(report.checks.back().rule, "lossless") << plugin.name;
+    std::printf("[ %s ] %zu checks passed; %s\n", plugin.name.c_str(), report.checks.size(), report.checks.back().detail.c_str());
   }
-  if (c.plugin == "kvzip") {
-    EXPECT_EQ(kept_total, layers * k);  // global allocation: counts free across layers
-  }
+}
 
-  // Positions unique, sorted, in range; protected tokens kept.
-  for (int64_t l = 0; l < layers; ++l) {
-    for (int64_t h = 0; h < heads; ++h) {
-      const std::vector<int64_t>& p = kv.slot_positions(l, h);
-      for (size_t j = 0; j < p.size(); ++j) {
-        ASSERT_TRUE(p[j] >= 0 && p[j] < n) << p[j];
-        if (j > 0) {
-          ASSERT_LT(p[j - 1], p[j]);
-        }
-      }
-      auto holds = [&](int64_t position) { return std::binary_search(p.begin(), p.end(), position); };
-      if (c.plugin == "snapkv") {
-        for (int64_t q = n - 64; q < n; ++q) EXPECT_TRUE(holds(q)) << "window position " << q << " layer " << l;
-      } else if (c.plugin == "kvzap") {
-        for (int64_t q = n - kKvzapWindow; q < n; ++q) EXPECT_TRUE(holds(q)) << "window position " << q << " layer " << l;
-      } else {
-        for (int64_t q = 0; q < 4; ++q) EXPECT_TRUE(holds(q)) << "sink " << q << " layer " << l;
-      }
+// The token droppers on Qwen2.5-Coder 0.5B (attention biases, RoPE permuted at load, 7 query heads
+// per KV head) at c = 0.25; KVzap with a surrogate trained on this model.
+TEST(Conformance, TokenDroppersKeepEveryRuleOnQwen2) {
+  const LlamaModel* m = testing::qwen_model();
+  ASSERT_NE(m, nullptr);
+  int checked = 0;
+  for (const PluginInfo& plugin : testing::bundled_plugins()) {
+    if (plugin.family != CompressorFamily::kTokenDropping) continue;
+    ConformanceSpec spec = spec_beside(plugin.path);
+    spec.ratios = {0.25};
+    const ConformanceReport report = run_kit(*m, plugin.path, testing::params_for(plugin.name, m->path()), spec);
+    EXPECT_FALSE(report.checks.empty()) << plugin.name;
+    for (const ConformanceCheck& c : report.checks) {
+      EXPECT_TRUE(c.passed) << plugin.name << " on qwen2 " << c.rule << " " << c.setting << ": " << c.detail;
     }
+    ++checked;
   }
+  EXPECT_GE(checked, 4);
+}
 
-  // Resident pages: exactly the pages the kept slots need, c * full within page rounding.
-  int64_t pages = 0;
-  for (int64_t l = 0; l < layers; ++l) pages += (kv.length(l) + ps - 1) / ps;
-  EXPECT_EQ(kv.pages_held(), pages);
-  EXPECT_EQ(run->pool.num_free(), run->pool.num_pages() - pages);
-  EXPECT_LE(std::abs(static_cast<double>(pages * ps) - c.ratio * n * layers), static_cast<double>(ps * layers));
-  EXPECT_LT(pages, layers * ((n + ps - 1) / ps));
-
-  // Deterministic: a fresh compressor on a fresh cache keeps the same positions.
-  auto again = testing::bundled_compressor(c.plugin, params_for(c.plugin, m->path()), *m);
-  auto rerun = testing::run_compression(*m, *again, ids, c.ratio);
-  ASSERT_TRUE(rerun->status.ok()) << rerun->status.message();
-  for (int64_t l = 0; l < layers; ++l) {
-    for (int64_t h = 0; h < heads; ++h) ASSERT_EQ(kv.slot_positions(l, h), rerun->kv.slot_positions(l, h)) << l << " " << h;
+// A plugin that breaks a rule gets a report naming that rule, and only that one, with the first
+// offending (layer, head, position); the same plugin without a flaw conforms (the control).
+TEST(Conformance, TheReportNamesTheBrokenRuleAndWhere) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  const std::string path = std::string(VC_FIXTURE_PLUGIN_DIR) + "/vc_plugin_rule_breaker.so";
+  ConformanceSpec spec = spec_beside(path);
+  spec.ratios = {0.25};
+  const ConformanceReport control = run_kit(*m, path, "{}", spec);
+  EXPECT_TRUE(control.passed());
+  ASSERT_FALSE(control.checks.empty());
+  EXPECT_EQ(control.checks.back().rule, "lossless");
+  const struct {
+    const char* flaw;
+    const char* rule;
+    const char* detail;
+  } cases[] = {
+      {"unsorted", "positions", "layer 3, head 1, position 638: after position 639 (kept positions must be unique and increasing)"},
+      {"over_budget", "budget", "layer 5, head 0: keeps 161 of 640 tokens, the budget is 160"},
+      {"drops_sink", "protected", "layer 7, head 0, position 0: a protected token is not kept"},
+      {"writes_cache", "rollback", "layer 4, head 2, position 9: compress() changed the full cache's keys"},
+      {"per_instance", "determinism", "a second instance keeps a different set (slot 4)"},
+      {"leaks_state", "release", "layer 2, head 0, position 484: after release(), the same request keeps a different set (slot 4)"},
+  };
+  for (const auto& c : cases) {
+    const ConformanceReport report = run_kit(*m, path, std::string(R"({"flaw": ")") + c.flaw + "\"}", spec);
+    EXPECT_FALSE(report.passed()) << c.flaw;
+    EXPECT_EQ(report.broken_rules(), std::vector<std::string>{c.rule}) << c.flaw;
+    for (const ConformanceCheck& check : report.checks) {
+      if (check.passed) continue;
+      EXPECT_EQ(check.setting, "c = 0.25");
+      EXPECT_TRUE(check.detail.ends_with(c.detail)) << c.flaw << ": " << check.detail;  // per_instance: which position depends on the instance
+    }
+    EXPECT_NE(report.checks.back().rule, "lossless") << c.flaw << ": the engine check runs only on a conforming plugin";
   }
+}
 
-  // Decoding on the compressed cache alone: 4 greedy steps of the full-KV continuation, teacher forced.
-  auto full_pool = m->make_page_pool(ps, layers * ((n + 16) / ps + 1));
-  ASSERT_TRUE(full_pool.ok());
-  SequenceKv full(layers);
-  const auto first = static_cast<int32_t>(prefill_full(*m, ids, *full_pool, full).argmax().item<int64_t>());
-  Compressor* online = compressor->mode() == CompressionMode::kOnline ? compressor.get() : nullptr;
-  auto steps = divergence_along_full_kv_greedy(*m, *full_pool, full, run->pool, run->kv, first, n, 4, online, c.ratio);
-  ASSERT_TRUE(steps.ok()) << steps.status().message();
-  double kl = 0;
-  for (const DivergenceStep& d : *steps) kl += d.kl / static_cast<double>(steps->size());
-  EXPECT_TRUE(std::isfinite(kl));
-  EXPECT_GT(kl, 1e-6) << "decoding on the compressed cache matches full KV: nothing was dropped?";
-  std::printf("[ %s c=%.2f ] resident %lld of %lld pages, mean KL(full || compressed) over 4 steps = %.4g\n",
-              c.plugin.c_str(), c.ratio, static_cast<long long>(pages),
-              static_cast<long long>(layers * ((n + ps - 1) / ps)), kl);
-  run->kv.release(run->pool);
-  rerun->kv.release(rerun->pool);
-  full.release(*full_pool);
+// Spec files are checked strictly: a typo must not silently weaken a check.
+TEST(Conformance, SpecErrorsNameTheKey) {
+  EXPECT_EQ(parse_conformance_spec(R"({"protect": {"first": 4}})").status().message(),
+            "conformance spec: \"protect\" is not a spec key (params, ratios, budget, window, protected, max_relative_error)");
+  EXPECT_EQ(parse_conformance_spec(R"({"protected": {"frist": 4}})").status().message(),
+            "conformance spec: \"protected\" has an unknown key \"frist\" (first, last)");
+  EXPECT_EQ(parse_conformance_spec(R"({"budget": "global"})").status().message(),
+            "conformance spec: \"budget\" must be \"per-layer\" or \"across-layers\"");
+  EXPECT_EQ(parse_conformance_spec(R"({"ratios": [0.5, 1.5]})").status().message(),
+            "conformance spec: \"ratios\" must hold numbers in (0, 1]");
+  EXPECT_EQ(parse_conformance_spec("[]").status().message(), "conformance spec: not a JSON object");
+  auto spec = parse_conformance_spec(R"({"params": {"window": 16}, "window": 16, "protected": {"last": 16}, "ratios": [0.5]})");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->window, 16);
+  EXPECT_EQ(spec->protect_last, 16);
+  EXPECT_EQ(spec->ratios, std::vector<double>{0.5});
+  EXPECT_EQ(*conformance_params(*spec, R"({"weights": "w.json", "window": 8})"), R"({"weights":"w.json","window":8})");
+  EXPECT_EQ(conformance_params(*spec, "[1]").status().message(), "--params must be a JSON object, got: [1]");
+  EXPECT_EQ(conformance_spec_path("/p/vc_plugin_x.so"), "/p/vc_plugin_x.conformance.json");
 }
 
 // The engine's Generator runs a compressor exactly as the steps above do: the same tokens as
@@ -416,22 +435,6 @@ TEST(CompressedGeneration, TorchPathReadsTheCompactedCache) {
   EXPECT_EQ(logits[0].argmax().item<int64_t>(), logits[1].argmax().item<int64_t>());
   run->kv.release(run->pool);
 }
-
-std::vector<Case> all_cases() {
-  std::vector<Case> cases;
-  for (const char* plugin : {"snapkv", "expected_attention", "kvzip", "kvzap"}) {
-    for (double ratio : {0.1, 0.25, 0.5}) cases.push_back({plugin, ratio});
-  }
-  // qwen2 (attention biases, RoPE permuted at load, 7 query heads per KV head); KVzap with a
-  // surrogate trained on this model.
-  for (const char* plugin : {"snapkv", "expected_attention", "kvzip", "kvzap"}) cases.push_back({plugin, 0.25, true});
-  return cases;
-}
-
-INSTANTIATE_TEST_SUITE_P(Plugins, Conformance, ::testing::ValuesIn(all_cases()), [](const auto& info) {
-  return info.param.plugin + "_c" + std::to_string(static_cast<int>(std::lround(info.param.ratio * 100))) +
-         (info.param.qwen ? "_qwen2" : "");
-});
 
 }  // namespace
 }  // namespace vericache

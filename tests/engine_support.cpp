@@ -69,7 +69,7 @@ void expect_every_plugin_lossless(const LlamaModel& m, const std::string& model_
   }
   ASSERT_GE(requests[2].prompt.size(), 2000u);
   const std::vector<GenerationResult> reference = full_kv(m, requests);
-  for (const std::string name : {"snapkv", "expected_attention", "kvzip", "kvzap", "kivi", "rotatekv", "kvquant"}) {
+  for (const std::string& name : bundled_plugin_names()) {
     auto compressor = bundled_compressor(name, params_for(name, m.path()), m);
     ASSERT_NE(compressor, nullptr);
     for (int64_t x : xs) {

@@ -78,7 +78,9 @@ TEST(Lossless, EveryPluginRatioDraftLengthAndBatch) {
   const int64_t max_tokens = 40;
   std::printf("%-20s %5s %3s %5s %-8s %9s %9s\n", "plugin", "c", "x", "batch", "draft_kv", "accept", "mean_len");
   int prompt_offset = 0;
-  for (const std::string name : {"none", "snapkv", "expected_attention", "kvzip", "kvzap"}) {
+  std::vector<std::string> names = testing::bundled_plugin_names(CompressorFamily::kTokenDropping);
+  names.insert(names.begin(), "none");
+  for (const std::string& name : names) {
     auto compressor = plugin(name);
     if (name != "none") {
       ASSERT_NE(compressor, nullptr);
@@ -185,7 +187,7 @@ TEST(Lossless, LongPrompts) {
   const std::vector<GenerationRequest> requests = {request_for(long_prompt(0), 24), request_for(long_prompt(1), 24)};
   ASSERT_GE(requests[0].prompt.size(), 2000u);
   const std::vector<GenerationResult> reference = full_kv(*m, requests);
-  for (const std::string name : {"snapkv", "expected_attention", "kvzip", "kvzap"}) {
+  for (const std::string& name : testing::bundled_plugin_names(CompressorFamily::kTokenDropping)) {
     auto compressor = plugin(name);
     ASSERT_NE(compressor, nullptr);
     EngineOptions options;

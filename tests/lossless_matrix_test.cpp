@@ -234,11 +234,15 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
   if (const char* env = std::getenv("VERICACHE_MATRIX_PROMPTS")) n_prompts = static_cast<size_t>(std::atoi(env));
   const size_t end = std::min(total_prompts, first + n_prompts);
   const char* out_md = std::getenv("VERICACHE_MATRIX_OUT");
-  const std::vector<std::string> offline = {"snapkv", "expected_attention", "kvzip"};
+  const std::vector<std::string> names = testing::bundled_plugin_names(CompressorFamily::kTokenDropping);
   std::map<std::string, std::shared_ptr<Compressor>> plugins;
-  for (const std::string name : {"snapkv", "expected_attention", "kvzip", "kvzap"}) {
+  for (const std::string& name : names) {
     plugins[name] = testing::bundled_compressor(name, testing::params_for(name), *m);
     ASSERT_NE(plugins[name], nullptr);
+  }
+  std::vector<std::string> offline;
+  for (const std::string& name : names) {
+    if (plugins[name]->mode() == CompressionMode::kOffline) offline.push_back(name);
   }
   source_commit();  // read now, before a long run
   const auto start = std::chrono::steady_clock::now();
@@ -300,8 +304,8 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
         c.release(0);
       }
     }
-    for (const std::string name : {"snapkv", "expected_attention", "kvzip", "kvzap"}) {
-      const bool online = name == std::string("kvzap");
+    for (const std::string& name : names) {
+      const bool online = plugins[name]->mode() == CompressionMode::kOnline;
       for (size_t ri = 0; ri < std::size(kRatios); ++ri) {
         for (int64_t x : kDraftLengths) {
           EngineOptions options;

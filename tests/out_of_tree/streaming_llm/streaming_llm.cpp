@@ -1,7 +1,8 @@
 // StreamingLLM (Xiao et al., "Efficient Streaming Language Models with Attention Sinks", ICLR 2024)
 // as a VeriCache compressor: keep the first `sinks` tokens and the most recent ones, the same set
 // for every head. The example of a plugin built outside the tree against the installed package, on
-// the TokenScorer base: it only says how tokens score; the base keeps the top floor(c * n).
+// the TokenScorer base: it only says how tokens score and which are protected; the base keeps the
+// top floor(c * n).
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -15,17 +16,14 @@ class StreamingLlm : public vericache::TokenScorer<> {
   explicit StreamingLlm(int64_t sinks) : TokenScorer("streaming_llm", vericache::CompressionMode::kOffline), sinks_(sinks) {}
 
  protected:
-  // Newer tokens score higher, and the sinks higher still (the earliest first).
-  vericache::Status score(const vericache::KvCacheView& full_kv, vericache::ModelAccess&, vericache::NoState&,
+  // Newer tokens score higher: the top floor(c * n) is the recent window, in every layer and head.
+  vericache::Status score(const vericache::KvCacheView& kv, vericache::ModelAccess&, vericache::NoState&,
                           std::vector<at::Tensor>* scores) override {
-    const int64_t n = full_kv.lengths[0];
-    const at::Tensor position = at::arange(n, at::kFloat);
-    const at::Tensor score = at::where(position < sinks_, 2 * n - position, position);
-    for (int64_t layer = 0; layer < full_kv.layout.n_layers; ++layer) {
-      scores->push_back(score.unsqueeze(0).expand({full_kv.layout.n_kv_heads, n}));
-    }
-    return vericache::Status();
+    scores->assign(kv.layout.n_layers, at::arange(kv.lengths[0], at::kFloat).expand({kv.layout.n_kv_heads, -1}));
+    return {};
   }
+  // The attention sinks: kept before any scored token.
+  vericache::ProtectedTokens protected_tokens(int64_t) const override { return {sinks_, 0}; }
 
  private:
   int64_t sinks_;
