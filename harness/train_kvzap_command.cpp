@@ -1,6 +1,8 @@
 // vericache train-kvzap: fits KVzap's linear surrogate (per layer: attention input -> log KVzip+
-// score of every KV head) on a calibration corpus, with our KVzip+ (plugins/kvzip) as the teacher,
-// and writes the versioned weights file the kvzap plugin reads (plugins/kvzap/kvzap_weights.h).
+// score of every KV head) on a calibration corpus, with KVzip+ as the teacher: the kvzip plugin,
+// loaded by name like any compressor, whose scores come through the contract
+// (Compressor::score_tokens); writes the versioned weights file the kvzap plugin reads
+// (plugins/kvzap/kvzap_weights.h).
 //
 // Recipe (after kvpress's kvzap/): passages of --passage-tokens tokens taken evenly across the
 // corpus, each wrapped as a user message in the chat template; the prefill records every layer's
@@ -18,9 +20,9 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "engine/compression.h"
 #include "engine/model_access.h"
 #include "kvzap/kvzap_weights.h"
-#include "kvzip/kvzip_scorer.h"
 #include "util/output_file.h"
 
 namespace po = boost::program_options;
@@ -111,9 +113,10 @@ int run_train_kvzap(int argc, char** argv) {
   const std::vector<int32_t> prefix(wrapped->begin(), at_marker), suffix(at_marker + marker.size(), wrapped->end());
   const auto prefix_len = static_cast<int64_t>(prefix.size());
 
-  kvzip::ScoringOptions teacher;
-  teacher.context_start = prefix_len;
-  teacher.plus = true;
+  // The teacher: KVzip+ (n_sink 4, chunks of 2048) scoring from the passage on.
+  const std::string teacher_params = R"({"kvzip_plus": true, "context_start": )" + std::to_string(prefix_len) + "}";
+  auto teacher = load_compressor_for("kvzip", teacher_params, {}, m);
+  if (!teacher.ok()) return report_error(teacher.status());
   std::vector<NormalEquations> fit(shape.n_layers);
   std::vector<std::vector<at::Tensor>> val_x(shape.n_layers), val_y(shape.n_layers);
   const auto start_time = std::chrono::steady_clock::now();
@@ -131,15 +134,19 @@ int run_train_kvzap(int argc, char** argv) {
     std::vector<at::Tensor> inputs(shape.n_layers);  // the passage tokens' attention inputs
     ForwardItem item{ids, positions, &kv, &*pool, LogitRows::kNone};
     at::Tensor logits;
+    const double ratios[] = {1.0};
+    std::vector<LayerDrops> drops;
+    const LayerObserver teacher_sees = compression_observer(**teacher, ratios, &drops);
     Status s = m.forward(std::span(&item, 1), &logits, [&](const LayerActivations& acts) {
       inputs[acts.layer] = acts.hidden.narrow(0, prefix_len, passage_tokens).to(at::kCPU, at::kFloat).clone();
-      return Status();
+      return teacher_sees(acts);
     });
     std::vector<at::Tensor> scores;
     if (s.ok()) {
       LlamaModelAccess access(m, *pool, kv, ids, 0);
-      s = kvzip::score_context(kv.view(*pool), access, teacher, &scores);
+      s = (*teacher)->score_tokens(kv.view(*pool), access, &scores);
     }
+    (*teacher)->release(0);
     kv.release(*pool);
     if (!s.ok()) return report_error(s);
     const bool held_out = p % 8 == 7 || p == passages - 1;
@@ -170,7 +177,7 @@ int run_train_kvzap(int argc, char** argv) {
   }
   double mean_r2 = 0;
   for (double v : r2) mean_r2 += v / static_cast<double>(r2.size());
-  const nlohmann::json training{{"teacher", "KVzip+ (plugins/kvzip/kvzip_scorer.h), n_sink 4, chunk 2048, passage tokens only"},
+  const nlohmann::json training{{"teacher", "KVzip+ (the kvzip plugin's score_tokens(), kvzip_plus), n_sink 4, chunk 2048, passage tokens only"},
                                 {"corpus", corpus},
                                 {"passages", passages},
                                 {"passage_tokens", passage_tokens},

@@ -161,6 +161,12 @@ TEST(Conformance, TheReportNamesTheBrokenRuleAndWhere) {
     }
     EXPECT_NE(report.checks.back().rule, "lossless") << c.flaw << ": the engine check runs only on a conforming plugin";
   }
+  // A plugin whose call fails (here: throws) breaks "runs", with its own message.
+  const ConformanceReport thrown =
+      run_kit(*m, std::string(VC_FIXTURE_PLUGIN_DIR) + "/vc_plugin_throwing_compress.so", "{}", ConformanceSpec{.ratios = {0.5}});
+  EXPECT_EQ(thrown.broken_rules(), std::vector<std::string>{"runs"});
+  ASSERT_EQ(thrown.checks.size(), 1u);
+  EXPECT_EQ(thrown.checks[0].detail, "throwing_compress: scores went NaN");
 }
 
 // Spec files are checked strictly: a typo must not silently weaken a check.

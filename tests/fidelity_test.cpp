@@ -145,8 +145,13 @@ TEST(Fidelity, KeptSetsAgreeWithKvpress) {
               << "layer " << l << " budget";
         }
       }
-      // Bounds a little under what was measured (the plugins' READMEs).
-      EXPECT_GE(mean, allocation == "global" ? 0.5 : 0.97) << e.press << " " << e.prompt << " " << allocation;
+      // What the READMEs state: the same sets in every layer under the same rule; at least 0.60 on
+      // average with KVzip's global budget (0.62-0.64 measured).
+      if (allocation == "global") {
+        EXPECT_GE(mean, 0.60) << e.press << " " << e.prompt;
+      } else {
+        for (int64_t l = 0; l < layers; ++l) EXPECT_EQ(per_layer[l], 1.0) << e.press << " " << e.prompt << " layer " << l;
+      }
       run->kv.release(run->pool);
     }
   }

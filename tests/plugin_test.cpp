@@ -104,7 +104,7 @@ TEST(PluginErrors, MissingDescriptor) {
 }
 
 TEST(PluginErrors, AbiMismatchNamesBothVersions) {
-  EXPECT_EQ(load_error(fixture("bad_abi")), "plugins: " + fixture("bad_abi") + ": incompatible ABI (plugin: 99, core: 5); rebuild the plugin against this VeriCache's headers");
+  EXPECT_EQ(load_error(fixture("bad_abi")), "plugins: " + fixture("bad_abi") + ": incompatible ABI (plugin: 99, core: 6); rebuild the plugin against this VeriCache's headers");
 }
 
 TEST(PluginErrors, TorchMismatchNamesBothVersions) {
@@ -162,18 +162,18 @@ TEST(PluginSearch, FindsValidPluginsAndReportsTheRest) {
   std::vector<std::string> names;
   for (const PluginInfo& p : search.found) names.push_back(p.name);
   EXPECT_EQ(names,
-            (std::vector<std::string>{"failing_unpack", "streaming_llm", "throwing_compress", "throwing_factory"}));
+            (std::vector<std::string>{"failing_unpack", "rule_breaker", "streaming_llm", "throwing_compress", "throwing_factory"}));
   EXPECT_EQ(search.rejected.size(), 5u);  // bad_abi, bad_torch, bad_cxx_library, newer_libstdcxx, no_descriptor
   auto info = resolve_plugin("streaming_llm", {VC_FIXTURE_PLUGIN_DIR});
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->path, fixture("streaming_llm"));
   EXPECT_EQ(info->family, CompressorFamily::kTokenDropping);
   EXPECT_EQ(info->mode, CompressionMode::kOffline);
-  EXPECT_EQ(info->abi_version, 5u);
+  EXPECT_EQ(info->abi_version, 6u);
   EXPECT_EQ(info->torch_version, TORCH_VERSION);
   EXPECT_EQ(resolve_plugin("snapkv", {VC_FIXTURE_PLUGIN_DIR}).status().message(),
-            "plugins: no compressor named 'snapkv' (found: failing_unpack, streaming_llm, throwing_compress, "
-            "throwing_factory; see 'vericache plugins')");
+            "plugins: no compressor named 'snapkv' (found: failing_unpack, rule_breaker, streaming_llm, "
+            "throwing_compress, throwing_factory; see 'vericache plugins')");
 }
 
 // The example compresses a real prefilled cache; the plugin's library stays loaded while the

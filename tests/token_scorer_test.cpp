@@ -127,6 +127,7 @@ Forward forward_of(int64_t start, int64_t rows, double ratio) {
   return f;
 }
 
+// (score_tokens() gives the scores themselves, as a teacher needs them.)
 TEST(TokenScorer, OfflineKeepsProtectedTokensThenTheTopScores) {
   const int64_t n = 40;
   RequestOnly model;
@@ -155,9 +156,25 @@ TEST(TokenScorer, OfflineKeepsProtectedTokensThenTheTopScores) {
             << "layer " << l << " head " << h;
       }
     }
+    // score_tokens(): the raw scores compress() ranked by, protected positions untouched.
+    std::vector<at::Tensor> scores;
+    ASSERT_TRUE(scorer.score_tokens(view_of(n), model, &scores).ok());
+    ASSERT_EQ(scores.size(), static_cast<size_t>(kLayers));
+    for (int64_t l = 0; l < kLayers; ++l) {
+      ASSERT_EQ(scores[l].sizes(), (std::vector<int64_t>{kHeads, n}));
+      for (int64_t p : {0L, 5L, 39L}) EXPECT_EQ(scores[l][1][p].item<float>(), score_of(l, 1, p));
+    }
     scorer.release(7);
     EXPECT_EQ(scorer.observed(7), 0);  // released state starts over
   }
+  // A compressor that does not score tokens says so.
+  struct Plain : CompressorBase {
+    Plain() : CompressorBase("plain", CompressorFamily::kTokenDropping, CompressionMode::kOffline, 0) {}
+  } plain;
+  std::vector<at::Tensor> none;
+  const Status s = plain.score_tokens(view_of(n), model, &none);
+  EXPECT_EQ(s.code(), StatusCode::kNotSupported);
+  EXPECT_EQ(s.message(), "plain: does not score tokens (no score_tokens())");
 }
 
 TEST(TokenScorer, OnlineEvictsTheLowestScoresOutsideTheWindow) {

@@ -213,7 +213,7 @@ struct DroppingRun {
   std::string budget_after;   // online: the budget broken during decode steps
 };
 
-Result<DroppingRun> run_dropping(const LlamaModel& model, Compressor& compressor, const ConformanceSpec& spec,
+DroppingRun run_dropping(const LlamaModel& model, Compressor& compressor, const ConformanceSpec& spec,
                                  std::span<const int32_t> prompt, double c, SequenceKv& kv,
                                  PagePool& pool) {
   DroppingRun run;
@@ -226,7 +226,8 @@ Result<DroppingRun> run_dropping(const LlamaModel& model, Compressor& compressor
   const std::vector<double> ratios{c};
   SequenceKv* caches[] = {&kv};
   std::vector<LayerDrops> drops;
-  VC_RETURN_IF_ERROR(model.forward(std::span(&item, 1), &logits, compression_observer(compressor, ratios, &drops)));
+  run.failed = model.forward(std::span(&item, 1), &logits, compression_observer(compressor, ratios, &drops));
+  if (!run.failed.ok()) return run;
   if (Status s = apply_drops(compressor.name(), pool, caches, drops); !s.ok()) {
     run.kept_set = s.message();
     return run;
@@ -285,7 +286,7 @@ Status check_dropping(const LlamaModel& model, const CompressorFactory& make, Co
     VC_ASSIGN_OR_RETURN(std::shared_ptr<Compressor> a, make());
     VC_ASSIGN_OR_RETURN(PagePool pool, model.make_page_pool(ps, pool_pages_for(model, ps, n)));
     SequenceKv kv(layers);
-    VC_ASSIGN_OR_RETURN(DroppingRun run, run_dropping(model, *a, spec, prompt, c, kv, pool));
+    DroppingRun run = run_dropping(model, *a, spec, prompt, c, kv, pool);
     auto done = [&] {
       kv.release(pool);
       a->release(0);
@@ -330,7 +331,7 @@ Status check_dropping(const LlamaModel& model, const CompressorFactory& make, Co
         VC_ASSIGN_OR_RETURN(again, make());
       }
       SequenceKv kv2(layers);
-      VC_ASSIGN_OR_RETURN(DroppingRun rerun, run_dropping(model, *again, spec, prompt, c, kv2, pool));
+      const DroppingRun rerun = run_dropping(model, *again, spec, prompt, c, kv2, pool);
       kv2.release(pool);
       again->release(0);
       std::string offence = rerun.failed.ok() ? rerun.kept_set : rerun.failed.message();

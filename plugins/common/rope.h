@@ -1,7 +1,8 @@
 // The model's rotary position embedding on one head's channels, for the quantizers that store keys
 // before RoPE (RotateKV, KVQuant) and put it back at read. Pairs (2i, 2i + 1) rotate by
 // position * inv_freq[i], inv_freq computed in float32 as the model's RoPE table does
-// (1 / base^(2i / head_dim)).
+// (1 / base^(2i / head_dim)). Also the RoPE rotation averaged over future positions
+// (ExpectedAttention's model of future queries).
 // Header-only (compiled into each plugin and the command line). Not part of the installed contract.
 #pragma once
 
@@ -10,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+#include <vericache/compressor.h>
 
 namespace vericache::plugin {
 
@@ -49,5 +52,24 @@ class Rope {
   int64_t pairs_;
   std::vector<float> inv_freq_;
 };
+
+// The mean over positions p in [first, first + count) of the model's RoPE rotation at p, float64
+// [head_dim, head_dim]. Rows in GGUF order: pair (2i, 2i + 1) rotates by the angle p * theta_i.
+inline at::Tensor mean_rotation(ModelAccess& model, int64_t first, int64_t count, int64_t head_dim) {
+  std::vector<int64_t> positions(count);
+  for (int64_t p = 0; p < count; ++p) positions[p] = first + p;
+  at::Tensor cos, sin;
+  model.rope(positions, &cos, &sin);
+  const at::Tensor c = cos.to(at::kDouble).mean(0), s = sin.to(at::kDouble).mean(0);  // [head_dim / 2]
+  at::Tensor r = at::zeros({head_dim, head_dim}, at::kDouble);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    const double ci = c[i].item<double>(), si = s[i].item<double>();
+    r[2 * i][2 * i] = ci;
+    r[2 * i][2 * i + 1] = -si;
+    r[2 * i + 1][2 * i] = si;
+    r[2 * i + 1][2 * i + 1] = ci;
+  }
+  return r;
+}
 
 }  // namespace vericache::plugin

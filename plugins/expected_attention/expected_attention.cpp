@@ -19,6 +19,8 @@
 #include <vericache/token_scorer.h>
 
 #include "../common/plugin_support.h"
+#include "../common/rope.h"
+#include "../common/running_moments.h"
 
 namespace vericache::plugin {
 namespace {
@@ -31,34 +33,8 @@ struct Options {
   double epsilon = 0.0;
 };
 
-// Mean and centred second moment of the attention inputs seen so far. Each prefill chunk is
-// centred on its own mean before its product is formed (float32, no cancellation), and chunks are
-// merged in float64 (Chan et al.'s parallel update): M2 = M2_a + M2_b + d d^T n_a n_b / n.
-struct InputMoments {
-  int64_t count = 0;
-  at::Tensor mean;  // [d_model] float64
-  at::Tensor m2;    // [d_model, d_model] float64, sum of (x - mean)(x - mean)^T
-
-  void add(const at::Tensor& x) {
-    const auto nb = static_cast<double>(x.size(0));
-    const at::Tensor mean_b = x.mean(0);
-    const at::Tensor centred = x - mean_b;
-    const at::Tensor m2_b = at::matmul(centred.t(), centred).to(at::kDouble);
-    if (count == 0) {
-      mean = mean_b.to(at::kDouble);
-      m2 = m2_b;
-    } else {
-      const auto na = static_cast<double>(count), n = na + nb;
-      const at::Tensor delta = mean_b.to(at::kDouble) - mean;
-      m2 = m2 + m2_b + at::outer(delta, delta) * (na * nb / n);
-      mean = mean + delta * (nb / n);
-    }
-    count += x.size(0);
-  }
-};
-
 // Per request: the attention inputs' moments, per layer.
-using LayerMoments = std::vector<InputMoments>;
+using LayerMoments = std::vector<RunningMoments>;
 
 class ExpectedAttention : public TokenScorer<LayerMoments> {
  public:
@@ -90,9 +66,9 @@ class ExpectedAttention : public TokenScorer<LayerMoments> {
     if (static_cast<int64_t>(moments.size()) != shape.n_layers) {
       return Status::internal("no query statistics recorded: the runtime must report the prefill through update()");
     }
-    const at::Tensor avg_rotation = average_future_rotation(model, n, hd);  // [hd, hd]
+    const at::Tensor avg_rotation = mean_rotation(model, n, o_.n_future_positions, hd);  // [hd, hd]
     for (int64_t l = 0; l < shape.n_layers; ++l) {
-      const InputMoments& m = moments[l];
+      const RunningMoments& m = moments[l];
       VC_ASSIGN_OR_RETURN(at::Tensor wq, model.weight("blk." + std::to_string(l) + ".attn_q.weight"));  // [nh*hd, d]
       const at::Tensor wq64 = wq.to(at::kDouble);
       const at::Tensor& mean_x = m.mean;
@@ -108,7 +84,7 @@ class ExpectedAttention : public TokenScorer<LayerMoments> {
       const at::Tensor keys_g = keys.repeat_interleave(group, 0);                          // [nh, m, hd]
       at::Tensor z = at::matmul(keys_g, rmu.unsqueeze(2)).squeeze(2) / std::sqrt(static_cast<double>(hd));
       if (o_.use_covariance) {
-        const at::Tensor cov_x = m.m2 / static_cast<double>(m.count);  // biased, as kvpress
+        const at::Tensor cov_x = m.covariance();  // biased, as kvpress
         const at::Tensor w3 = wq64.view({nh, hd, -1});
         const at::Tensor cov = at::matmul(at::matmul(w3, cov_x), w3.transpose(1, 2));      // [nh, hd, hd]
         const at::Tensor rcov = at::matmul(at::matmul(avg_rotation, cov), avg_rotation.t()).to(at::kFloat);
@@ -122,25 +98,6 @@ class ExpectedAttention : public TokenScorer<LayerMoments> {
   }
 
  private:
-  // R = mean over p in [n, n + F) of the RoPE rotation at p, float64 [hd, hd]. Our K/Q rows are in
-  // GGUF order: RoPE rotates adjacent pairs (2i, 2i+1) by angle p * theta_i.
-  at::Tensor average_future_rotation(ModelAccess& model, int64_t n, int64_t hd) const {
-    std::vector<int64_t> future(o_.n_future_positions);
-    for (int64_t p = 0; p < o_.n_future_positions; ++p) future[p] = n + p;
-    at::Tensor cos, sin;
-    model.rope(future, &cos, &sin);
-    const at::Tensor c = cos.to(at::kDouble).mean(0), s = sin.to(at::kDouble).mean(0);  // [hd / 2]
-    at::Tensor r = at::zeros({hd, hd}, at::kDouble);
-    for (int64_t i = 0; i < hd / 2; ++i) {
-      const double ci = c[i].item<double>(), si = s[i].item<double>();
-      r[2 * i][2 * i] = ci;
-      r[2 * i][2 * i + 1] = -si;
-      r[2 * i + 1][2 * i] = si;
-      r[2 * i + 1][2 * i + 1] = ci;
-    }
-    return r;
-  }
-
   Options o_;
 };
 

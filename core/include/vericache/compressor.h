@@ -166,6 +166,13 @@ class Compressor {
   // arrives empty; `kept` tensors may be on any device. The view and `model` are valid for this
   // call only.
   virtual Status compress(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) noexcept = 0;
+  // Offline token droppers that rank tokens by a score (TokenScorer plugins): the scores compress()
+  // ranks by, for every position of the request's full cache, before protected tokens and budgets:
+  // [n_layers] float32 [n_kv_heads, n], higher kept first. Same inputs and per-request state as
+  // compress() (update() has seen the prefill); call release() after. Lets a tool use a compressor
+  // as a teacher (`vericache train-kvzap` distils the kvzip plugin's KVzip+ scores). `scores`
+  // arrives empty; NotSupported for compressors that do not score tokens.
+  virtual Status score_tokens(const KvCacheView& full_kv, ModelAccess& model, std::vector<at::Tensor>* scores) noexcept = 0;
   // Quantization family (the others return NotSupported): the packed page for `layout` (its
   // page_size is the runtime's). Called once after attach(); InvalidArgument when the layout does
   // not fit the parameters (a group that does not divide head_dim or the page).
@@ -204,6 +211,9 @@ class CompressorBase : public Compressor {
   Status compress(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) noexcept final {
     return guard([&] { return compress_impl(full_kv, ratio, model, out); });
   }
+  Status score_tokens(const KvCacheView& full_kv, ModelAccess& model, std::vector<at::Tensor>* scores) noexcept final {
+    return guard([&] { return score_tokens_impl(full_kv, model, scores); });
+  }
   Result<PackedFormat> packed_format(const KvLayout& layout) noexcept final {
     Result<PackedFormat> out = Status::not_supported(name_ + ": not a quantizer (no packed pages)");
     const Status s = guard([&] {
@@ -227,12 +237,15 @@ class CompressorBase : public Compressor {
   }
 
  protected:
-  // Defaults: accept any model, observe nothing, compress nothing (NotSupported), no packed pages
+  // Defaults: accept any model, observe nothing, compress nothing, score nothing, no packed pages
   // (NotSupported).
   virtual Status attach_impl(const ModelShape&) { return Status(); }
   virtual Status update_impl(const LayerActivations&, std::vector<LayerDrops>*) { return Status(); }
   virtual Status compress_impl(const KvCacheView&, double, ModelAccess&, CompressedKV*) {
     return Status::not_supported(name_ + ": this compressor has no offline compress()");
+  }
+  virtual Status score_tokens_impl(const KvCacheView&, ModelAccess&, std::vector<at::Tensor>*) {
+    return Status::not_supported(name_ + ": does not score tokens (no score_tokens())");
   }
   virtual Result<PackedFormat> packed_format_impl(const KvLayout&) {
     return Status::not_supported(name_ + ": not a quantizer (no packed pages)");

@@ -148,23 +148,30 @@ class TokenScorer : public CompressorBase {
     return Status();
   }
 
-  Status compress_impl(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) final {
+  // score(), checked: one float32 CPU [n_kv_heads, n] tensor per layer.
+  Status score_tokens_impl(const KvCacheView& full_kv, ModelAccess& model, std::vector<at::Tensor>* scores) final {
     const int64_t n = full_kv.lengths[0], layers = full_kv.layout.n_layers, heads = full_kv.layout.n_kv_heads;
-    std::vector<at::Tensor> scores;
-    VC_RETURN_IF_ERROR(score(full_kv, model, state(model.request_id()), &scores));
-    if (static_cast<int64_t>(scores.size()) != layers) {
-      return Status::internal(name() + ": score() gave " + std::to_string(scores.size()) + " layers, the cache has " +
+    VC_RETURN_IF_ERROR(score(full_kv, model, state(model.request_id()), scores));
+    if (static_cast<int64_t>(scores->size()) != layers) {
+      return Status::internal(name() + ": score() gave " + std::to_string(scores->size()) + " layers, the cache has " +
                               std::to_string(layers));
     }
-    float top = -INFINITY;
-    for (at::Tensor& s : scores) {
+    for (at::Tensor& s : *scores) {
       if (s.dim() != 2 || s.size(0) != heads || s.size(1) != n) {
         return Status::internal(name() + ": score() must give [" + std::to_string(heads) + ", " + std::to_string(n) +
                                 "] per layer");
       }
       s = s.to(at::kCPU, at::kFloat).contiguous();
-      top = std::max(top, s.max().item<float>());
     }
+    return Status();
+  }
+
+  Status compress_impl(const KvCacheView& full_kv, double ratio, ModelAccess& model, CompressedKV* out) final {
+    const int64_t n = full_kv.lengths[0], layers = full_kv.layout.n_layers;
+    std::vector<at::Tensor> scores;
+    VC_RETURN_IF_ERROR(score_tokens_impl(full_kv, model, &scores));
+    float top = -INFINITY;
+    for (const at::Tensor& s : scores) top = std::max(top, s.max().item<float>());
     // Protected positions score above every other score of every layer.
     const ProtectedTokens p = protected_tokens(n);
     const int64_t first = std::clamp<int64_t>(p.first, 0, n), last = std::clamp<int64_t>(p.last, 0, n - first);
