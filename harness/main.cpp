@@ -26,6 +26,7 @@ constexpr Command kCommands[] = {
     {"bench-acceptance", vericache::cli::run_bench_acceptance, "mean acceptance length and per-step KL per compressor and c"},
     {"plugins", vericache::cli::run_plugins, "list the compressor plugins found, with their descriptors"},
     {"compress", vericache::cli::run_compress, "run one compressor on a prompt's KV cache and report what it kept"},
+    {"checklist", vericache::cli::run_checklist, "the paper's checklist: KL growth, acceptance, end-to-end, with verdicts and a trace"},
     {"conformance", vericache::cli::run_conformance, "check a compressor plugin against the contract, rule by rule"},
     {"train-kvzap", vericache::cli::run_train_kvzap, "fit the KVzap surrogate on a calibration corpus (KVzip+ teacher)"},
     {"calibrate", vericache::cli::run_calibrate, "make a quantizer's per-model calibration file (RotateKV's key order, KVQuant's ranges and datatypes)"},

@@ -49,7 +49,7 @@ GEMMA_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 # 1. Debian packages --------------------------------------------------------------------------
 DEB_PACKAGES=(g++ cmake ninja-build ccache lld unzip
               libboost-dev libboost-program-options-dev libboost-filesystem-dev
-              libhdf5-dev nlohmann-json3-dev libgtest-dev clang libclang-rt-14-dev)
+              libhdf5-dev hdf5-tools nlohmann-json3-dev libgtest-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -79,6 +79,10 @@ if [[ "$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/
     || die "pip could not install torch==$TORCH_VERSION"
 else
   say "torch $TORCH_VERSION: present"
+fi
+if ! "$PY" -c 'import h5py' 2>/dev/null; then  # reads the checklist's traces (harness/checklist/)
+  say "installing h5py into .venv"
+  "$PY" -m pip install -q --disable-pip-version-check "h5py==3.16.0" || die "pip could not install h5py==3.16.0"
 fi
 TORCH_PREFIX="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
 

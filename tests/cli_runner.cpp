@@ -9,9 +9,11 @@
 
 namespace vericache::testing {
 
-CliRun run_vericache(const std::string& args) {
+CliRun run_vericache(const std::string& args) { return run_command(std::string(VC_BINARY) + " " + args); }
+
+CliRun run_command(const std::string& command) {
   const std::string err_path = temp_dir() + "/stderr.txt";
-  const std::string cmd = std::string(VC_BINARY) + " " + args + " 2>" + err_path;
+  const std::string cmd = command + " 2>" + err_path;
   CliRun r{-1, "", ""};
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;

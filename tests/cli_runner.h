@@ -13,5 +13,7 @@ struct CliRun {
 
 // Runs `vericache <args>` through the shell (so `args` may quote and redirect).
 CliRun run_vericache(const std::string& args);
+// Runs any shell command line the same way.
+CliRun run_command(const std::string& command);
 
 }  // namespace vericache::testing

@@ -32,10 +32,12 @@ void silence_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 Status write_to(const std::string& path, const Hdf5Table& table) {
   Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) return Status::io_error(path + ": cannot create the HDF5 file");
+  Handle links(H5Pcreate(H5P_LINK_CREATE), H5Pclose);  // "group/column" creates the group
+  H5Pset_create_intermediate_group(links.get(), 1);
   for (size_t i = 0; i < table.names.size(); ++i) {
     const hsize_t dims[1] = {table.columns[i].size()};
     Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose);
-    Handle set(H5Dcreate2(file.get(), table.names[i].c_str(), H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+    Handle set(H5Dcreate2(file.get(), table.names[i].c_str(), H5T_IEEE_F64LE, space.get(), links.get(), H5P_DEFAULT,
                           H5P_DEFAULT),
                H5Dclose);
     if (!space.ok() || !set.ok() ||
@@ -65,9 +67,13 @@ Status write_hdf5_table(const std::string& path, const Hdf5Table& table) {
     return Status::invalid_argument(path + ": " + std::to_string(table.names.size()) + " names for " +
                                     std::to_string(table.columns.size()) + " columns");
   }
-  for (const auto& c : table.columns) {
-    if (c.size() != table.columns.front().size()) {
-      return Status::invalid_argument(path + ": columns of different lengths");
+  auto group_of = [](const std::string& name) { return name.substr(0, name.rfind('/') + 1); };
+  for (size_t i = 0; i < table.names.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (group_of(table.names[i]) == group_of(table.names[j]) && table.columns[i].size() != table.columns[j].size()) {
+        return Status::invalid_argument(path + ": columns of different lengths in one group ('" + table.names[j] +
+                                        "', '" + table.names[i] + "')");
+      }
     }
   }
   const std::string tmp = path + ".tmp-" + std::to_string(getpid());
@@ -112,6 +118,12 @@ Result<std::string> read_hdf5_attribute(const std::string& path, const std::stri
   if (H5Aread(attr.get(), type.get(), value.data()) < 0) return Status::io_error(path + ": cannot read '" + name + "'");
   while (!value.empty() && value.back() == '\0') value.pop_back();
   return value;
+}
+
+std::string hdf5_library_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  H5get_libversion(&major, &minor, &release);
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
 }
 
 }  // namespace vericache

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Checks a `vericache checklist` trace (layout "vericache-checklist" version 1, documented in
+harness/checklist_trace.h) with h5py: attributes, groups, column names, lengths against the run's
+configuration, and the four verdicts. Exit status 0 and one summary line when it conforms;
+1 and the first problem otherwise.
+
+    .venv/bin/python harness/checklist/check_trace.py results/runs/checklist-.../trace.h5
+"""
+import json
+import sys
+
+import h5py
+
+ATTRIBUTES = ["format", "version", "command", "git_commit", "model_file", "model_fingerprint", "compressor",
+              "plugin_path", "config", "seed", "hardware", "libraries", "verdicts"]
+GROUPS = {
+    "kl_growth": ["prompt", "step", "kl", "same_argmax", "cumulative_kl"],
+    "kl_growth_mean": ["step", "mean_cumulative_kl", "fit"],
+    "acceptance": ["x", "request", "drafted", "accepted"],
+    "acceptance_position": ["x", "position", "drafted", "accepted"],
+    "acceptance_summary": ["x", "gamma", "mean_accepted", "tokens", "mismatches"],
+    "end_to_end": ["prompt", "prompt_tokens", "generated", "mismatches", "first_mismatch"],
+}
+
+
+def text(value):
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def check(path):
+    with h5py.File(path, "r") as f:
+        attrs = {k: text(v) for k, v in f.attrs.items()}
+        missing = [a for a in ATTRIBUTES if a not in attrs]
+        if missing:
+            return f"missing attributes: {', '.join(missing)}"
+        if attrs["format"] != "vericache-checklist" or attrs["version"] != "1":
+            return f"format {attrs['format']} version {attrs['version']}, expected vericache-checklist 1"
+        config = json.loads(attrs["config"])
+        lengths = {}
+        for group, columns in GROUPS.items():
+            if group not in f:
+                return f"no group {group}"
+            for c in columns:
+                if c not in f[group] or f[group][c].ndim != 1:
+                    return f"{group}/{c}: missing or not 1-D"
+            sizes = {f[group][c].shape[0] for c in columns}
+            if len(sizes) != 1:
+                return f"{group}: columns of different lengths {sorted(sizes)}"
+            lengths[group] = sizes.pop()
+        prompts, steps = config["prompts"], config["kl_steps"]
+        if lengths["kl_growth"] != prompts * steps or lengths["kl_growth_mean"] != steps:
+            return f"kl_growth has {lengths['kl_growth']} rows, kl_growth_mean {lengths['kl_growth_mean']}; " \
+                   f"expected {prompts} x {steps} and {steps}"
+        if list(f["acceptance_summary"]["x"][:]) != config["draft_lengths"]:
+            return f"acceptance_summary/x {list(f['acceptance_summary']['x'][:])} != {config['draft_lengths']}"
+        if lengths["end_to_end"] != prompts:
+            return f"end_to_end has {lengths['end_to_end']} rows for {prompts} prompts"
+        verdicts = json.loads(attrs["verdicts"])
+        if [v["step"] for v in verdicts] != [1, 2, 3, 4]:
+            return f"verdicts for steps {[v['step'] for v in verdicts]}"
+        held = ", ".join(f"{v['step']}: {'n/a' if v['holds'] is None else 'holds' if v['holds'] else 'FAILS'}" for v in verdicts)
+        print(f"trace OK: {path} ({attrs['compressor']}, {prompts} prompts, {steps} KL steps; verdicts {held})")
+    return None
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    problem = check(sys.argv[1])
+    if problem:
+        print(f"{sys.argv[1]}: {problem}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,462 @@
+// vericache checklist: the paper's checklist for one model and compressor, each step ending in a
+// verdict, every measurement in one HDF5 trace (checklist_trace.h) in a new run folder.
+//   1. KL growth: decoding on the compressed cache alone along the full-KV greedy continuation
+//      (teacher forced); per-step KL(p_full || p_compressed) and argmax agreement; the cumulative KL
+//      (mean over prompts) against the step with a least-squares line. Holds: slope > 0, R^2 >= 0.9.
+//   2. Acceptance: the draft-verify engine at each draft length x: accepted length per verify,
+//      acceptance per draft position, gamma(x, c) = accepted / drafted. Holds: every run's tokens are
+//      full-KV greedy decoding's.
+//   3. Throughput model: not measured by this version (reported as such, no verdict).
+//   4. End-to-end: VeriCache at (c, x) against full-KV decoding on the prompt set. Holds: 0 mismatches.
+// Exit status 1 when a verdict fails.
+#include <ATen/ATen.h>
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/version.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <thread>
+
+#include <csignal>
+#include <unistd.h>
+
+#include "checklist_trace.h"
+#include "cli_common.h"
+#include "commands.h"
+#include "engine/compression.h"
+#include "engine/compression_divergence.h"
+#include "engine/draft_verify_engine.h"
+#include "engine/generator.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace vericache::cli {
+namespace {
+
+// The run folder, empty until the trace is written at the end: an interrupted run removes it and
+// says so (only async-signal-safe calls in the handler).
+char g_run_folder[4096] = {0};
+extern "C" void on_interrupt(int signal) {
+  if (g_run_folder[0] != 0) rmdir(g_run_folder);
+  const char message[] = "\n[checklist] interrupted: no trace written (the run folder was empty and is removed)\n";
+  [[maybe_unused]] const ssize_t n = write(STDERR_FILENO, message, sizeof(message) - 1);
+  _exit(128 + signal);
+}
+
+struct Verdict {
+  int step = 0;
+  std::string name;
+  int holds = -1;  // 1 holds, 0 fails, -1 not evaluated
+  std::string summary;
+};
+
+struct Column {
+  std::string name;
+  std::vector<double> values;
+};
+
+// Columns gathered by name, in the order first used.
+class Trace {
+ public:
+  std::vector<double>& operator[](const std::string& name) {
+    for (Column& c : columns_) {
+      if (c.name == name) return c.values;
+    }
+    return columns_.emplace_back(Column{name, {}}).values;
+  }
+  Hdf5Table table() const {
+    Hdf5Table t;
+    for (const Column& c : columns_) {
+      t.names.push_back(c.name);
+      t.columns.push_back(c.values);
+    }
+    return t;
+  }
+
+ private:
+  std::vector<Column> columns_;
+};
+
+void progress(const char* what, int64_t done, int64_t total, std::chrono::steady_clock::time_point start) {
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total - done) : 0;
+  const int width = 24, filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
+  std::fprintf(stderr, "\r[checklist] %-22s [%s%s] %lld/%lld  %.0f s, ETA %.0f s ", what, std::string(filled, '#').c_str(),
+               std::string(width - filled, '.').c_str(), static_cast<long long>(done), static_cast<long long>(total),
+               elapsed, eta);
+  if (done == total) std::fprintf(stderr, "\n");
+}
+
+std::string run_output(const std::string& command) {
+  std::string out;
+  if (FILE* p = popen(command.c_str(), "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof buf, p) != nullptr) out += buf;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+std::string hardware() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, model = "unknown CPU";
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " threads";
+}
+
+// A new folder under `root` named after the time and the compressor (-2, -3, ... when taken).
+Result<std::string> new_run_folder(const std::string& root, const std::string& compressor) {
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::gmtime(&now));
+  const std::string base = root + "/checklist-" + stamp + "-" + compressor;
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  for (int i = 1; i < 1000; ++i) {
+    const std::string path = i == 1 ? base : base + "-" + std::to_string(i);
+    if (fs::create_directory(path, ec)) return path;
+    if (ec) return Status::io_error(path + ": cannot create the run folder (" + ec.message() + ")");
+  }
+  return Status::io_error(base + ": every run folder name is taken");
+}
+
+struct LineFit {
+  double intercept = 0, slope = 0, r2 = 0;
+};
+// Least squares y = a + b t over t = 1..n.
+LineFit linear_fit(const std::vector<double>& y) {
+  const auto n = static_cast<double>(y.size());
+  double st = 0, sy = 0, stt = 0, sty = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const double t = static_cast<double>(i + 1);
+    st += t, sy += y[i], stt += t * t, sty += t * y[i];
+  }
+  const double b = (n * sty - st * sy) / (n * stt - st * st), a = (sy - b * st) / n;
+  double sse = 0, sst = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const double fit = a + b * static_cast<double>(i + 1);
+    sse += (y[i] - fit) * (y[i] - fit);
+    sst += (y[i] - sy / n) * (y[i] - sy / n);
+  }
+  return {a, b, sst > 0 ? 1.0 - sse / sst : 0.0};
+}
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+struct Setup {
+  const LlamaModel* model = nullptr;
+  Compressor* compressor = nullptr;
+  double ratio = 0.25;
+  std::vector<std::vector<int32_t>> prompts;
+};
+
+Result<Verdict> kl_growth(const Setup& s, int64_t steps, Trace& trace) {
+  const LlamaModel& m = *s.model;
+  const int64_t layers = m.config().n_layers;
+  std::vector<double> mean_cumulative(steps, 0.0);
+  double kl_sum = 0, agree = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t p = 0; p < s.prompts.size(); ++p) {
+    const std::vector<int32_t>& ids = s.prompts[p];
+    const auto n = static_cast<int64_t>(ids.size());
+    VC_ASSIGN_OR_RETURN(PagePool pool, m.make_page_pool(16, 2 * layers * ((3 * n + steps + 2200) / 16 + 2)));
+    SequenceKv full(layers), compressed(layers);
+    std::vector<int32_t> positions(n);
+    std::iota(positions.begin(), positions.end(), 0);
+    const ForwardItem item{ids, positions, &full, &pool, LogitRows::kLast, 0};
+    at::Tensor logits;
+    VC_RETURN_IF_ERROR(m.forward(std::span(&item, 1), &logits));
+    const auto first = static_cast<int32_t>(logits[0].argmax().item<int64_t>());
+    VC_RETURN_IF_ERROR(prefill_and_compress(m, pool, *s.compressor, s.ratio, ids, 0, compressed));
+    Compressor* online = s.compressor->mode() == CompressionMode::kOnline ? s.compressor : nullptr;
+    auto divergence = divergence_along_full_kv_greedy(m, pool, full, pool, compressed, first, n, steps, online, s.ratio);
+    s.compressor->release(0);
+    full.release(pool);
+    compressed.release(pool);
+    VC_RETURN_IF_ERROR(divergence.status());
+    double cumulative = 0;
+    for (int64_t t = 0; t < steps; ++t) {
+      const DivergenceStep& d = (*divergence)[t];
+      cumulative += d.kl;
+      trace["kl_growth/prompt"].push_back(static_cast<double>(p));
+      trace["kl_growth/step"].push_back(static_cast<double>(t + 1));
+      trace["kl_growth/kl"].push_back(d.kl);
+      trace["kl_growth/same_argmax"].push_back(d.same_argmax ? 1.0 : 0.0);
+      trace["kl_growth/cumulative_kl"].push_back(cumulative);
+      mean_cumulative[t] += cumulative / static_cast<double>(s.prompts.size());
+      kl_sum += d.kl;
+      agree += d.same_argmax;
+    }
+    progress("1. KL growth", static_cast<int64_t>(p + 1), static_cast<int64_t>(s.prompts.size()), start);
+  }
+  const auto [intercept, slope, r2] = linear_fit(mean_cumulative);
+  for (int64_t t = 0; t < steps; ++t) {
+    trace["kl_growth_mean/step"].push_back(static_cast<double>(t + 1));
+    trace["kl_growth_mean/mean_cumulative_kl"].push_back(mean_cumulative[t]);
+    trace["kl_growth_mean/fit"].push_back(intercept + slope * static_cast<double>(t + 1));
+  }
+  const double samples = static_cast<double>(steps * s.prompts.size());
+  Verdict v{1, "KL growth", slope > 0 && r2 >= 0.9 ? 1 : 0,
+            "mean KL " + fmt("%.4f", kl_sum / samples) + " nats/step, argmax agreement " + fmt("%.3f", agree / samples) +
+                "; cumulative KL after " + std::to_string(steps) + " steps " + fmt("%.3f", mean_cumulative.back()) +
+                " nats, linear fit slope " + fmt("%.4f", slope) + "/step, R^2 " + fmt("%.3f", r2) +
+                " (holds: slope > 0 and R^2 >= 0.9)"};
+  return v;
+}
+
+class WindowSink : public StatsSink {
+ public:
+  explicit WindowSink(std::vector<WindowRecord>* out) : out_(out) {}
+  void on_window(const WindowRecord& w) override { out_->push_back(w); }
+
+ private:
+  std::vector<WindowRecord>* out_;
+};
+
+// Step 2 (every x) and step 4 (x = the chosen one): engine runs against full-KV greedy decoding.
+Result<std::pair<Verdict, Verdict>> acceptance_and_end_to_end(const Setup& s, const std::vector<int64_t>& xs, int64_t chosen_x,
+                                                              int64_t max_tokens, Trace& trace) {
+  const LlamaModel& m = *s.model;
+  std::vector<GenerationRequest> requests;
+  for (const auto& ids : s.prompts) {
+    GenerationRequest r;
+    r.prompt = ids;
+    r.max_new_tokens = max_tokens;
+    requests.push_back(r);
+  }
+  VC_ASSIGN_OR_RETURN(PagePool reference_pool, m.make_page_pool(16, Generator::pages_needed(m, 16, requests)));
+  Generator generator(m, reference_pool);
+  VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> reference, generator.generate(requests));
+  bool all_identical = true;
+  std::string gammas;
+  Verdict end_to_end{4, "End-to-end", -1, ""};
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const int64_t x = xs[i];
+    EngineOptions options;
+    options.compressor = s.compressor;
+    options.ratio = s.ratio;
+    options.draft_length = x;
+    std::vector<WindowRecord> windows;
+    WindowSink sink(&windows);
+    options.sink = &sink;
+    const auto pages = DraftVerifyEngine::pages_for_requests(m, options, 16, 16, requests);
+    VC_ASSIGN_OR_RETURN(PagePool device, m.make_page_pool(16, pages.device));
+    VC_ASSIGN_OR_RETURN(PagePool host, m.make_page_pool(16, pages.host));
+    std::vector<EngineResult> results;
+    RequestMetrics totals;
+    {
+      DraftVerifyEngine engine(m, device, host, options);
+      for (const GenerationRequest& r : requests) VC_RETURN_IF_ERROR(engine.add_request(r).status());
+      VC_RETURN_IF_ERROR(engine.run());
+      results = engine.take_finished();
+      totals = engine.totals();
+    }
+    std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
+    int64_t mismatches = 0, tokens = 0, prompts_differing = 0;
+    std::string failures;
+    for (size_t p = 0; p < requests.size(); ++p) {
+      const auto& got = results[p].generation.tokens;
+      const auto& want = reference[p].tokens;
+      int64_t first = -1, count = 0;
+      for (size_t t = 0; t < std::max(got.size(), want.size()); ++t) {
+        if (t >= got.size() || t >= want.size() || got[t] != want[t]) {
+          count += 1;
+          if (first < 0) first = static_cast<int64_t>(t);
+        }
+      }
+      if (!results[p].compressor_failure.empty()) failures += " " + results[p].compressor_failure;
+      mismatches += count;
+      prompts_differing += count > 0;
+      tokens += static_cast<int64_t>(got.size());
+      if (x == chosen_x) {
+        trace["end_to_end/prompt"].push_back(static_cast<double>(p));
+        trace["end_to_end/prompt_tokens"].push_back(static_cast<double>(requests[p].prompt.size()));
+        trace["end_to_end/generated"].push_back(static_cast<double>(got.size()));
+        trace["end_to_end/mismatches"].push_back(static_cast<double>(count));
+        trace["end_to_end/first_mismatch"].push_back(static_cast<double>(first));
+      }
+    }
+    for (const WindowRecord& w : windows) {
+      trace["acceptance/x"].push_back(static_cast<double>(x));
+      trace["acceptance/request"].push_back(static_cast<double>(w.request_id));
+      trace["acceptance/drafted"].push_back(static_cast<double>(w.drafted));
+      trace["acceptance/accepted"].push_back(static_cast<double>(w.accepted));
+    }
+    for (size_t pos = 0; pos < totals.drafted_per_position.size(); ++pos) {
+      trace["acceptance_position/x"].push_back(static_cast<double>(x));
+      trace["acceptance_position/position"].push_back(static_cast<double>(pos));
+      trace["acceptance_position/drafted"].push_back(static_cast<double>(totals.drafted_per_position[pos]));
+      trace["acceptance_position/accepted"].push_back(static_cast<double>(totals.accepted_per_position[pos]));
+    }
+    const double gamma = totals.acceptance_rate();
+    trace["acceptance_summary/x"].push_back(static_cast<double>(x));
+    trace["acceptance_summary/gamma"].push_back(gamma);
+    trace["acceptance_summary/mean_accepted"].push_back(totals.mean_acceptance_length());
+    trace["acceptance_summary/tokens"].push_back(static_cast<double>(tokens));
+    trace["acceptance_summary/mismatches"].push_back(static_cast<double>(mismatches));
+    all_identical = all_identical && mismatches == 0 && failures.empty();
+    gammas += (gammas.empty() ? "" : ", ") + std::to_string(x) + ": " + fmt("%.3f", gamma);
+    if (x == chosen_x) {
+      end_to_end.holds = mismatches == 0 && failures.empty() ? 1 : 0;
+      end_to_end.summary = std::to_string(mismatches) + " token mismatches in " + std::to_string(tokens) + " tokens of " +
+                           std::to_string(requests.size()) + " prompts (" + std::to_string(prompts_differing) +
+                           " prompts differ)" + (failures.empty() ? "" : "; compressor failures:" + failures) +
+                           "; mean accepted length " + fmt("%.2f", totals.mean_acceptance_length()) + " at x = " +
+                           std::to_string(x) + " (holds: 0 mismatches)";
+    }
+    progress("2. Acceptance", static_cast<int64_t>(i + 1), static_cast<int64_t>(xs.size()), start);
+  }
+  Verdict acceptance{2, "Acceptance", all_identical ? 1 : 0,
+                     "gamma(x, c = " + fmt("%g", s.ratio) + ") for x = " + gammas +
+                         (all_identical ? "; every run identical to full-KV decoding" : "; a run differs from full-KV decoding") +
+                         " (holds: every run identical)"};
+  return std::make_pair(acceptance, end_to_end);
+}
+
+}  // namespace
+
+int run_checklist(int argc, char** argv) {
+  std::string model_arg, compressor_arg, params = "{}", xs_arg, out_dir;
+  std::vector<std::string> plugin_dirs;
+  double ratio = 0.25;
+  int64_t x = 25, n_prompts = 0, kl_steps = 0, max_tokens = 0;
+  bool quick = false;
+  int threads = 0;
+  po::options_description desc(
+      "vericache checklist: the paper's four-step checklist (KL growth, acceptance, throughput model,\n"
+      "end-to-end) on one model and compressor; every measurement goes to an HDF5 trace in a new run\n"
+      "folder. Exit status 1 when a verdict fails.\n\nOptions");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "print this help and exit")
+    ("model", po::value(&model_arg), kModelOptionHelp)
+    ("compressor", po::value(&compressor_arg)->default_value("kvzip"), "token-dropping plugin name or path")
+    ("params", po::value(&params)->default_value("{}"), "the compressor's parameters as a JSON object")
+    ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c in (0, 1]")
+    ("draft-length,x", po::value(&x)->default_value(25), "the end-to-end step's draft length")
+    ("draft-lengths", po::value(&xs_arg), "the acceptance step's draft lengths (default 5,10,15,20,25,30,40; --quick 5,25)")
+    ("prompts", po::value(&n_prompts), "prompts of datasets/lossless_prompts to run (default 4; --quick 2)")
+    ("kl-steps", po::value(&kl_steps), "decode steps of the KL growth step (default 128; --quick 32)")
+    ("max-tokens", po::value(&max_tokens), "tokens per prompt in the engine steps (default 64; --quick 24)")
+    ("quick", po::bool_switch(&quick), "a short run (CI): fewer prompts, steps and draft lengths")
+    ("out-dir", po::value(&out_dir)->default_value(VC_RESULTS_RUNS_DIR), "where the run folder is made")
+    ("plugin-dir", po::value(&plugin_dirs)->composing(), "also search this folder for plugins (repeatable)")
+    ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores");
+  // clang-format on
+  po::variables_map vm;
+  const std::string example = "Examples:\n  vericache checklist --quick\n  vericache checklist --compressor snapkv -c 0.1 -x 16\n";
+  const std::vector<OptionRange> ranges{kRatioRange, kThreadsRange, {"draft-length", 1, 256}, {"prompts", 1, 50},
+                                        {"kl-steps", 2, 4096}, {"max-tokens", 1, 4096}};
+  if (auto done = parse_command_line("checklist", desc, example, argc, argv, &vm, ranges)) return *done;
+  if (n_prompts == 0) n_prompts = quick ? 2 : 4;
+  if (kl_steps == 0) kl_steps = quick ? 32 : 128;
+  if (max_tokens == 0) max_tokens = quick ? 24 : 64;
+  std::vector<int64_t> xs;
+  try {
+    xs = parse_positive_list(xs_arg.empty() ? (quick ? "5,25" : "5,10,15,20,25,30,40") : xs_arg, "draft-lengths", 256);
+  } catch (const po::error& e) {
+    return report_usage_error("checklist", e.what());
+  }
+  if (std::find(xs.begin(), xs.end(), x) == xs.end()) xs.push_back(x);
+  set_threads(threads);
+
+  auto model = load_model(model_arg);
+  if (!model.ok()) return report_error(model.status());
+  const LlamaModel& m = **model;
+  std::string plugin_path;
+  auto compressor = load_compressor_for(compressor_arg, params, plugin_dirs, m, &plugin_path);
+  if (!compressor.ok()) return report_status("checklist", compressor.status());
+  if ((*compressor)->family() != CompressorFamily::kTokenDropping) {
+    return report_usage_error("checklist", (*compressor)->name() +
+                                               " is a quantizer; this version of the checklist runs token droppers");
+  }
+  Setup setup{&m, compressor->get(), ratio, {}};
+  const auto prompt_set = nlohmann::json::parse(std::ifstream(VC_CHECKLIST_PROMPTS), nullptr, false);
+  if (!prompt_set.is_object() || !prompt_set.contains("prompts")) {
+    return report_error(Status::not_found(std::string(VC_CHECKLIST_PROMPTS) + ": cannot read the prompt set"));
+  }
+  for (int64_t i = 0; i < n_prompts && i < static_cast<int64_t>(prompt_set["prompts"].size()); ++i) {
+    const auto& p = prompt_set["prompts"][i];
+    auto ids = prompt_tokens(m, p.at("text").get<std::string>(), !p.at("chat").get<bool>(), "");
+    if (!ids.ok()) return report_error(ids.status());
+    setup.prompts.push_back(*ids);
+  }
+  auto folder = new_run_folder(out_dir, (*compressor)->name());
+  if (!folder.ok()) return report_error(folder.status());
+  std::snprintf(g_run_folder, sizeof g_run_folder, "%s", folder->c_str());
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+
+  Trace trace;
+  std::vector<Verdict> verdicts;
+  auto kl = kl_growth(setup, kl_steps, trace);
+  if (!kl.ok()) return report_error(kl.status());
+  verdicts.push_back(*kl);
+  auto engine_steps = acceptance_and_end_to_end(setup, xs, x, max_tokens, trace);
+  if (!engine_steps.ok()) return report_error(engine_steps.status());
+  verdicts.push_back(engine_steps->first);
+  verdicts.push_back(Verdict{3, "Throughput model", -1, "not measured by this version of the checklist"});
+  verdicts.push_back(engine_steps->second);
+
+  nlohmann::json verdict_json = nlohmann::json::array();
+  for (const Verdict& v : verdicts) {
+    verdict_json.push_back({{"step", v.step}, {"name", v.name}, {"holds", v.holds < 0 ? nlohmann::json() : nlohmann::json(v.holds == 1)},
+                            {"summary", v.summary}});
+  }
+  const nlohmann::json config{{"compressor", compressor_arg}, {"params", params}, {"ratio", ratio}, {"draft_length", x},
+                              {"draft_lengths", xs}, {"prompts", n_prompts}, {"kl_steps", kl_steps},
+                              {"max_tokens", max_tokens}, {"quick", quick}, {"prompt_set", VC_CHECKLIST_PROMPTS}};
+  Hdf5Table table = trace.table();
+  table.attributes = {{"command", command_line(argc, argv)},
+                      {"git_commit", [] {
+                         const std::string c = run_output("git -C " + std::string(VC_SOURCE_DIR) + " rev-parse HEAD 2>/dev/null");
+                         return c.empty() ? std::string("unknown") : c;
+                       }()},
+                      {"model_file", m.path()},
+                      {"model_fingerprint", m.shape().fingerprint},
+                      {"compressor", (*compressor)->name()},
+                      {"plugin_path", plugin_path},
+                      {"config", config.dump()},
+                      {"seed", "0 (greedy)"},
+                      {"hardware", hardware()},
+                      {"libraries", nlohmann::json{{"vericache", VC_VERSION}, {"torch", TORCH_VERSION}, {"hdf5", hdf5_library_version()}}.dump()},
+                      {"verdicts", verdict_json.dump()}};
+  const std::string trace_path = *folder + "/trace.h5";
+  std::signal(SIGINT, SIG_DFL);  // from here the trace is written whole (beside, then renamed) or not at all
+  std::signal(SIGTERM, SIG_DFL);
+  if (Status s = write_checklist_trace(trace_path, table); !s.ok()) return report_error(s);
+
+  bool failed = false;
+  std::printf("vericache checklist: %s on %s, c = %g, x = %lld, %zu prompts\n", (*compressor)->name().c_str(),
+              fs::path(m.path()).filename().c_str(), ratio, static_cast<long long>(x), setup.prompts.size());
+  for (const Verdict& v : verdicts) {
+    std::printf("%d. %-17s %-13s %s\n", v.step, v.name.c_str(), v.holds < 0 ? "NOT MEASURED" : v.holds ? "HOLDS" : "FAILS",
+                v.summary.c_str());
+    failed = failed || v.holds == 0;
+  }
+  std::printf("trace: %s\n", trace_path.c_str());
+  return failed ? kExitFailure : kExitOk;
+}
+
+}  // namespace vericache::cli

@@ -1,0 +1,43 @@
+// The trace of one `vericache checklist` run: an HDF5 file (util/hdf5_table.h: float64 columns,
+// string attributes on the root group), written once at the end of the run beside its destination
+// and renamed over it, so an interrupted run leaves no half-written trace.
+//
+// Layout "vericache-checklist", version 1.
+// Root attributes (strings):
+//   format "vericache-checklist"; version "1"; command; git_commit (of the source tree, or
+//   "unknown"); model_file; model_fingerprint; compressor; plugin_path; config (the run's options,
+//   JSON); seed; hardware (CPU model and threads); libraries (JSON: vericache, torch, hdf5);
+//   verdicts (JSON: one object per step with "step", "name", "holds", "summary").
+// Groups and columns (one row per ...):
+//   kl_growth/            prompt, step, kl, same_argmax, cumulative_kl      (prompt and decode step)
+//   kl_growth_mean/       step, mean_cumulative_kl, fit                     (step: the mean over prompts
+//                                                                            and the linear fit's value)
+//   acceptance/           x, request, drafted, accepted                     (verify window)
+//   acceptance_position/  x, position, drafted, accepted                    (draft position in a window)
+//   acceptance_summary/   x, gamma, mean_accepted, tokens, mismatches       (draft length)
+//   end_to_end/           prompt, prompt_tokens, generated, mismatches, first_mismatch (-1: none)
+// Figures and checks read it with h5py (harness/checklist/); our reader below checks the layout.
+//
+// Thread-safety: one call at a time. Failure: IOError / NotFound from the HDF5 layer naming the
+// file; InvalidArgument for a file of another format or of a version this build does not read.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <vericache/status.h>
+
+#include "util/hdf5_table.h"
+
+namespace vericache::cli {
+
+inline constexpr const char* kChecklistFormat = "vericache-checklist";
+inline constexpr int kChecklistVersion = 1;
+
+// Writes `table` (its columns as above) with the format and version attributes added.
+Status write_checklist_trace(const std::string& path, Hdf5Table table);
+
+// The root attributes of a checklist trace, after checking its format and version.
+Result<std::map<std::string, std::string>> read_checklist_attributes(const std::string& path);
+
+}  // namespace vericache::cli

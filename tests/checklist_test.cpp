@@ -1,0 +1,79 @@
+// `vericache checklist` (harness/checklist_command.cpp) and its trace (harness/checklist_trace.h).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "checklist_trace.h"
+#include "cli_runner.h"
+#include "test_support.h"
+#include "util/hdf5_table.h"
+
+namespace vericache {
+namespace {
+
+using testing::CliRun;
+using testing::run_vericache;
+
+// The quick checklist on the default model and KVzip: four verdict lines (step 3 not measured by
+// this version), the lossless steps hold, and the trace in a new run folder has the documented
+// layout — read by our reader and by h5py (harness/checklist/check_trace.py).
+TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
+  const std::string out = testing::temp_dir() + "/runs";
+  const CliRun r = run_vericache("checklist --quick --out-dir " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* line : {"\n1. KL growth         HOLDS         mean KL ", "\n2. Acceptance        HOLDS         gamma(x, c = 0.25) for x = 5: ",
+                           "\n3. Throughput model  NOT MEASURED  ", "\n4. End-to-end        HOLDS         0 token mismatches in 48 tokens of 2 prompts"}) {
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  }
+  std::vector<std::string> traces;
+  for (const auto& run : std::filesystem::directory_iterator(out)) traces.push_back(run.path().string() + "/trace.h5");
+  ASSERT_EQ(traces.size(), 1u);
+  const std::string trace = traces[0];
+  EXPECT_NE(r.out.find("trace: " + trace + "\n"), std::string::npos) << r.out;
+  EXPECT_EQ(std::filesystem::path(trace).parent_path().filename().string().rfind("checklist-", 0), 0u);
+
+  auto attrs = cli::read_checklist_attributes(trace);
+  ASSERT_TRUE(attrs.ok()) << attrs.status().message();
+  EXPECT_EQ((*attrs)["compressor"], "kvzip");
+  EXPECT_EQ((*attrs)["command"], "vericache checklist --quick --out-dir " + out);
+  const auto config = nlohmann::json::parse((*attrs)["config"]);
+  EXPECT_EQ(config["quick"], true);
+  EXPECT_EQ(config["draft_lengths"], (std::vector<int64_t>{5, 25}));
+  auto kl = read_hdf5_column(trace, "kl_growth/kl");
+  ASSERT_TRUE(kl.ok());
+  EXPECT_EQ(kl->size(), 2u * 32u);
+  for (double v : *kl) EXPECT_GE(v, 0.0);
+  for (const char* column : {"acceptance_summary/mismatches", "end_to_end/mismatches"}) {
+    auto mismatches = read_hdf5_column(trace, column);
+    ASSERT_TRUE(mismatches.ok()) << column;
+    for (double v : *mismatches) EXPECT_EQ(v, 0.0) << column;
+  }
+  const CliRun h5py = testing::run_command(std::string(VC_PYTHON) + " " + testing::source_path("harness/checklist/check_trace.py") + " " + trace);
+  EXPECT_EQ(h5py.exit_code, 0) << h5py.out << h5py.err;
+  EXPECT_EQ(h5py.out.rfind("trace OK: " + trace, 0), 0u) << h5py.out;
+}
+
+// A trace of another version or format is refused by name; columns of one group must agree in length.
+TEST(Checklist, TraceReaderRefusesOtherVersionsAndFormats) {
+  const std::string dir = testing::temp_dir();
+  Hdf5Table t{{"kl_growth/kl"}, {{0.1, 0.2}}, {{"format", "vericache-checklist"}, {"version", "2"}}};
+  ASSERT_TRUE(write_hdf5_table(dir + "/v2.h5", t).ok());
+  EXPECT_EQ(cli::read_checklist_attributes(dir + "/v2.h5").status().message(),
+            dir + "/v2.h5: checklist trace version 2; this vericache reads version 1");
+  t.attributes = {{"format", "vericache-sweep"}, {"version", "1"}};
+  ASSERT_TRUE(write_hdf5_table(dir + "/sweep.h5", t).ok());
+  EXPECT_EQ(cli::read_checklist_attributes(dir + "/sweep.h5").status().message(),
+            dir + "/sweep.h5: a 'vericache-sweep' file, not a checklist trace (vericache-checklist)");
+  Hdf5Table uneven{{"a/x", "a/y", "b/z"}, {{1, 2}, {1}, {1, 2, 3}}, {}};
+  EXPECT_EQ(write_hdf5_table(dir + "/uneven.h5", uneven).message(),
+            dir + "/uneven.h5: columns of different lengths in one group ('a/x', 'a/y')");
+  uneven.columns[1] = {1, 2};
+  ASSERT_TRUE(write_hdf5_table(dir + "/groups.h5", uneven).ok());
+  EXPECT_EQ(*read_hdf5_column(dir + "/groups.h5", "b/z"), (std::vector<double>{1, 2, 3}));
+}
+
+}  // namespace
+}  // namespace vericache
