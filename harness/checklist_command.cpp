@@ -163,6 +163,40 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
+struct PromptEntry {
+  std::string name;
+  bool chat = true;
+  std::string text;
+};
+
+// The first `count` prompts of a prompt-set file (datasets/*/prompts.json). NotFound when it cannot be
+// read (with how the long-code set is made); InvalidArgument naming the file for another shape or
+// fewer prompts than asked.
+Result<std::vector<PromptEntry>> read_prompt_set(const std::string& path, int64_t count) {
+  std::ifstream in(path);
+  if (!in) {
+    return Status::not_found(path + ": cannot read the prompt set (the long-code set is made by "
+                                    "harness/setup.sh, or python3 datasets/long_code/build_prompts.py)");
+  }
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_object() || !j.contains("prompts") || !j["prompts"].is_array()) {
+    return Status::invalid_argument(path + ": not a prompt set (a JSON object with a \"prompts\" array)");
+  }
+  if (static_cast<int64_t>(j["prompts"].size()) < count) {
+    return Status::invalid_argument(path + " has " + std::to_string(j["prompts"].size()) + " prompts, " +
+                                    std::to_string(count) + " asked (--prompts)");
+  }
+  std::vector<PromptEntry> out;
+  for (int64_t i = 0; i < count; ++i) {
+    const auto& p = j["prompts"][i];
+    if (!p.is_object() || !p.contains("text") || !p["text"].is_string() || !p.contains("chat") || !p["chat"].is_boolean()) {
+      return Status::invalid_argument(path + ": prompt " + std::to_string(i) + " needs \"text\" (string) and \"chat\" (boolean)");
+    }
+    out.push_back({p.value("name", ""), p["chat"].get<bool>(), p["text"].get<std::string>()});
+  }
+  return out;
+}
+
 struct Setup {
   const LlamaModel* model = nullptr;
   Compressor* compressor = nullptr;
@@ -337,7 +371,7 @@ Result<std::pair<Verdict, Verdict>> acceptance_and_end_to_end(const Setup& s, co
 }  // namespace
 
 int run_checklist(int argc, char** argv) {
-  std::string model_arg, compressor_arg, params = "{}", xs_arg, out_dir;
+  std::string model_arg, compressor_arg, params = "{}", xs_arg, out_dir, prompt_set_path;
   std::vector<std::string> plugin_dirs;
   double ratio = 0.25;
   int64_t x = 25, n_prompts = 0, kl_steps = 0, max_tokens = 0;
@@ -356,7 +390,9 @@ int run_checklist(int argc, char** argv) {
     ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c in (0, 1]")
     ("draft-length,x", po::value(&x)->default_value(25), "the end-to-end step's draft length")
     ("draft-lengths", po::value(&xs_arg), "the acceptance step's draft lengths (default 5,10,15,20,25,30,40; --quick 5,25)")
-    ("prompts", po::value(&n_prompts), "prompts of datasets/lossless_prompts to run (default 4; --quick 2)")
+    ("prompt-set", po::value(&prompt_set_path)->default_value(VC_CHECKLIST_PROMPTS),
+     "prompt set (JSON: {\"prompts\": [{\"name\", \"chat\", \"text\"}]}), e.g. datasets/long_code/prompts.json")
+    ("prompts", po::value(&n_prompts), "the set's first N prompts to run (default 4; --quick 2)")
     ("kl-steps", po::value(&kl_steps), "decode steps of the KL growth step (default 128; --quick 32)")
     ("max-tokens", po::value(&max_tokens), "tokens per prompt in the engine steps (default 64; --quick 24)")
     ("quick", po::bool_switch(&quick), "a short run (CI): fewer prompts, steps and draft lengths")
@@ -379,6 +415,8 @@ int run_checklist(int argc, char** argv) {
     return report_usage_error("checklist", e.what());
   }
   if (std::find(xs.begin(), xs.end(), x) == xs.end()) xs.push_back(x);
+  auto prompt_set = read_prompt_set(prompt_set_path, n_prompts);
+  if (!prompt_set.ok()) return report_status("checklist", prompt_set.status());
   set_threads(threads);
 
   auto model = load_model(model_arg);
@@ -392,13 +430,8 @@ int run_checklist(int argc, char** argv) {
                                                " is a quantizer; this version of the checklist runs token droppers");
   }
   Setup setup{&m, compressor->get(), ratio, {}};
-  const auto prompt_set = nlohmann::json::parse(std::ifstream(VC_CHECKLIST_PROMPTS), nullptr, false);
-  if (!prompt_set.is_object() || !prompt_set.contains("prompts")) {
-    return report_error(Status::not_found(std::string(VC_CHECKLIST_PROMPTS) + ": cannot read the prompt set"));
-  }
-  for (int64_t i = 0; i < n_prompts && i < static_cast<int64_t>(prompt_set["prompts"].size()); ++i) {
-    const auto& p = prompt_set["prompts"][i];
-    auto ids = prompt_tokens(m, p.at("text").get<std::string>(), !p.at("chat").get<bool>(), "");
+  for (const PromptEntry& p : *prompt_set) {
+    auto ids = prompt_tokens(m, p.text, !p.chat, "");
     if (!ids.ok()) return report_error(ids.status());
     setup.prompts.push_back(*ids);
   }
@@ -426,7 +459,7 @@ int run_checklist(int argc, char** argv) {
   }
   const nlohmann::json config{{"compressor", compressor_arg}, {"params", params}, {"ratio", ratio}, {"draft_length", x},
                               {"draft_lengths", xs}, {"prompts", n_prompts}, {"kl_steps", kl_steps},
-                              {"max_tokens", max_tokens}, {"quick", quick}, {"prompt_set", VC_CHECKLIST_PROMPTS}};
+                              {"max_tokens", max_tokens}, {"quick", quick}, {"prompt_set", prompt_set_path}};
   Hdf5Table table = trace.table();
   table.attributes = {{"command", command_line(argc, argv)},
                       {"git_commit", [] {

@@ -148,6 +148,16 @@ if ((QWEN_15B)); then
   fi
 fi
 
+# Prompt sets made from files Debian ships (no third-party text in the repository); optional: a
+# machine whose Python sources differ from the pinned ones gets a warning, not a failure.
+if [[ ! -f datasets/long_code/prompts.json ]]; then
+  if python3 datasets/long_code/build_prompts.py >/dev/null 2>"$ROOT/.cache/long_code.err"; then
+    say "prompt set datasets/long_code/prompts.json: built"
+  else
+    say "warning: datasets/long_code/prompts.json not built: $(tail -n 1 "$ROOT/.cache/long_code.err")"
+  fi
+fi
+
 # 4. Build --------------------------------------------------------------------------------------
 if ((BUILD)); then
   if [[ ! -f build/CMakeCache.txt ]]; then

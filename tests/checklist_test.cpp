@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,25 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   const CliRun h5py = testing::run_command(std::string(VC_PYTHON) + " " + testing::source_path("harness/checklist/check_trace.py") + " " + trace);
   EXPECT_EQ(h5py.exit_code, 0) << h5py.out << h5py.err;
   EXPECT_EQ(h5py.out.rfind("trace OK: " + trace, 0), 0u) << h5py.out;
+}
+
+// Prompt sets are checked before the model loads, with what to do.
+TEST(Checklist, PromptSetErrorsSayWhatToDo) {
+  const std::string dir = testing::temp_dir();
+  const CliRun missing = run_vericache("checklist --prompt-set " + dir + "/none.json");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_EQ(missing.err, "vericache: error: " + dir + "/none.json: cannot read the prompt set (the long-code set is made "
+                         "by harness/setup.sh, or python3 datasets/long_code/build_prompts.py)\n");
+  std::ofstream(dir + "/one.json") << R"({"prompts": [{"name": "a", "chat": false, "text": "hello"}]})";
+  const CliRun few = run_vericache("checklist --prompts 3 --prompt-set " + dir + "/one.json");
+  EXPECT_EQ(few.exit_code, 2);
+  EXPECT_EQ(few.err, "vericache checklist: " + dir + "/one.json has 1 prompts, 3 asked (--prompts)\n"
+                     "Run 'vericache checklist --help' for the options.\n");
+  std::ofstream(dir + "/shape.json") << R"({"prompts": [{"text": "no chat flag"}]})";
+  const CliRun shape = run_vericache("checklist --prompts 1 --prompt-set " + dir + "/shape.json");
+  EXPECT_EQ(shape.exit_code, 2);
+  EXPECT_EQ(shape.err, "vericache checklist: " + dir + "/shape.json: prompt 0 needs \"text\" (string) and \"chat\" "
+                       "(boolean)\nRun 'vericache checklist --help' for the options.\n");
 }
 
 // A trace of another version or format is refused by name; columns of one group must agree in length.
