@@ -34,8 +34,7 @@
 #include "commands.h"
 #include "engine/compression.h"
 #include "engine/compression_divergence.h"
-#include "engine/draft_verify_engine.h"
-#include "engine/generator.h"
+#include "engine/full_kv_comparison.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -278,9 +277,7 @@ Result<std::pair<Verdict, Verdict>> acceptance_and_end_to_end(const Setup& s, co
     r.max_new_tokens = max_tokens;
     requests.push_back(r);
   }
-  VC_ASSIGN_OR_RETURN(PagePool reference_pool, m.make_page_pool(16, Generator::pages_needed(m, 16, requests)));
-  Generator generator(m, reference_pool);
-  VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> reference, generator.generate(requests));
+  VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> reference, full_kv_reference(m, requests));
   bool all_identical = true;
   std::string gammas;
   Verdict end_to_end{4, "End-to-end", -1, ""};
@@ -294,41 +291,22 @@ Result<std::pair<Verdict, Verdict>> acceptance_and_end_to_end(const Setup& s, co
     std::vector<WindowRecord> windows;
     WindowSink sink(&windows);
     options.sink = &sink;
-    const auto pages = DraftVerifyEngine::pages_for_requests(m, options, 16, 16, requests);
-    VC_ASSIGN_OR_RETURN(PagePool device, m.make_page_pool(16, pages.device));
-    VC_ASSIGN_OR_RETURN(PagePool host, m.make_page_pool(16, pages.host));
-    std::vector<EngineResult> results;
-    RequestMetrics totals;
-    {
-      DraftVerifyEngine engine(m, device, host, options);
-      for (const GenerationRequest& r : requests) VC_RETURN_IF_ERROR(engine.add_request(r).status());
-      VC_RETURN_IF_ERROR(engine.run());
-      results = engine.take_finished();
-      totals = engine.totals();
-    }
-    std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
+    VC_ASSIGN_OR_RETURN(const FullKvComparison run, compare_with_full_kv(m, options, requests, reference));
+    const RequestMetrics& totals = run.totals;
     int64_t mismatches = 0, tokens = 0, prompts_differing = 0;
     std::string failures;
     for (size_t p = 0; p < requests.size(); ++p) {
-      const auto& got = results[p].generation.tokens;
-      const auto& want = reference[p].tokens;
-      int64_t first = -1, count = 0;
-      for (size_t t = 0; t < std::max(got.size(), want.size()); ++t) {
-        if (t >= got.size() || t >= want.size() || got[t] != want[t]) {
-          count += 1;
-          if (first < 0) first = static_cast<int64_t>(t);
-        }
-      }
-      if (!results[p].compressor_failure.empty()) failures += " " + results[p].compressor_failure;
+      const int64_t count = run.mismatches[p];
+      if (!run.results[p].compressor_failure.empty()) failures += " " + run.results[p].compressor_failure;
       mismatches += count;
       prompts_differing += count > 0;
-      tokens += static_cast<int64_t>(got.size());
+      tokens += static_cast<int64_t>(run.results[p].generation.tokens.size());
       if (x == chosen_x) {
         trace["end_to_end/prompt"].push_back(static_cast<double>(p));
         trace["end_to_end/prompt_tokens"].push_back(static_cast<double>(requests[p].prompt.size()));
-        trace["end_to_end/generated"].push_back(static_cast<double>(got.size()));
+        trace["end_to_end/generated"].push_back(static_cast<double>(run.results[p].generation.tokens.size()));
         trace["end_to_end/mismatches"].push_back(static_cast<double>(count));
-        trace["end_to_end/first_mismatch"].push_back(static_cast<double>(first));
+        trace["end_to_end/first_mismatch"].push_back(static_cast<double>(run.first_mismatch[p]));
       }
     }
     for (const WindowRecord& w : windows) {

@@ -12,8 +12,7 @@
 #include <vericache/token_scorer.h>
 
 #include "engine/compression.h"
-#include "engine/draft_verify_engine.h"
-#include "engine/generator.h"
+#include "engine/full_kv_comparison.h"
 #include "engine/model_access.h"
 
 namespace vericache {
@@ -515,45 +514,23 @@ Status check_lossless(const LlamaModel& model, const CompressorFactory& make, co
   request.prompt = options.prompt;
   request.max_new_tokens = options.new_tokens;
   request.ignore_eos = true;
-  const int64_t ps = options.page_size;
-  VC_ASSIGN_OR_RETURN(PagePool reference_pool,
-                      model.make_page_pool(ps, Generator::pages_needed(model, ps, std::span(&request, 1))));
-  Generator generator(model, reference_pool);
-  VC_ASSIGN_OR_RETURN(std::vector<GenerationResult> reference, generator.generate(std::span(&request, 1)));
-
+  const std::span<const GenerationRequest> requests(&request, 1);
+  VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> reference, full_kv_reference(model, requests, options.page_size));
   EngineOptions engine_options;
   engine_options.compressor = compressor.get();
   engine_options.ratio = c;
   engine_options.draft_length = options.draft_length;
-  const auto pages = DraftVerifyEngine::pages_for_request(model, engine_options, ps, ps, request);
-  VC_ASSIGN_OR_RETURN(PagePool device, model.make_page_pool(ps, pages.device));
-  VC_ASSIGN_OR_RETURN(PagePool host, model.make_page_pool(ps, pages.host));
-  std::vector<EngineResult> results;
-  RequestMetrics totals;
-  {
-    DraftVerifyEngine engine(model, device, host, engine_options);
-    VC_RETURN_IF_ERROR(engine.add_request(request).status());
-    VC_RETURN_IF_ERROR(engine.run());
-    results = engine.take_finished();
-    totals = engine.totals();
-  }
+  VC_ASSIGN_OR_RETURN(const FullKvComparison run,
+                      compare_with_full_kv(model, engine_options, requests, reference, options.page_size));
   std::string offence;
-  if (results.size() != 1) {
-    offence = "the engine finished " + std::to_string(results.size()) + " requests of 1";
-  } else if (!results[0].compressor_failure.empty()) {
-    offence = "the compressor failed in the engine (the request fell back to full KV): " + results[0].compressor_failure;
-  } else {
-    const auto& got = results[0].generation.tokens;
-    const auto& want = reference[0].tokens;
-    for (size_t i = 0; i < std::max(got.size(), want.size()) && offence.empty(); ++i) {
-      if (i >= got.size() || i >= want.size() || got[i] != want[i]) {
-        offence = "token " + std::to_string(i) + " differs from full-KV greedy decoding";
-      }
-    }
+  if (!run.results[0].compressor_failure.empty()) {
+    offence = "the compressor failed in the engine (the request fell back to full KV): " + run.results[0].compressor_failure;
+  } else if (run.first_mismatch[0] >= 0) {
+    offence = "token " + std::to_string(run.first_mismatch[0]) + " differs from full-KV greedy decoding";
   }
   char holds[160];
   std::snprintf(holds, sizeof(holds), "%zu tokens identical to full-KV greedy decoding, acceptance %.3f",
-                reference[0].tokens.size(), totals.acceptance_rate());
+                reference[0].tokens.size(), run.totals.acceptance_rate());
   record.check("lossless", offence, holds);
   return Status();
 }

@@ -1,0 +1,53 @@
+#include "engine/full_kv_comparison.h"
+
+#include <algorithm>
+
+namespace vericache {
+
+Result<std::vector<GenerationResult>> full_kv_reference(const LlamaModel& model, std::span<const GenerationRequest> requests,
+                                                        int64_t page_size) {
+  VC_ASSIGN_OR_RETURN(PagePool pool, model.make_page_pool(page_size, Generator::pages_needed(model, page_size, requests)));
+  Generator generator(model, pool);
+  return generator.generate(requests);
+}
+
+Result<FullKvComparison> compare_with_full_kv(const LlamaModel& model, const EngineOptions& options,
+                                              std::span<const GenerationRequest> requests,
+                                              const std::vector<GenerationResult>& reference, int64_t page_size) {
+  if (reference.size() != requests.size()) {
+    return Status::invalid_argument("compare_with_full_kv: " + std::to_string(reference.size()) + " references for " +
+                                    std::to_string(requests.size()) + " requests");
+  }
+  const auto pages = DraftVerifyEngine::pages_for_requests(model, options, page_size, page_size, requests);
+  VC_ASSIGN_OR_RETURN(PagePool device, model.make_page_pool(page_size, pages.device));
+  VC_ASSIGN_OR_RETURN(PagePool host, model.make_page_pool(page_size, pages.host));
+  FullKvComparison out;
+  {
+    DraftVerifyEngine engine(model, device, host, options);
+    for (const GenerationRequest& r : requests) VC_RETURN_IF_ERROR(engine.add_request(r).status());
+    VC_RETURN_IF_ERROR(engine.run());
+    out.results = engine.take_finished();
+    out.totals = engine.totals();
+  }
+  if (out.results.size() != requests.size()) {
+    return Status::internal("the engine finished " + std::to_string(out.results.size()) + " of " +
+                            std::to_string(requests.size()) + " requests");
+  }
+  std::sort(out.results.begin(), out.results.end(), [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& got = out.results[i].generation.tokens;
+    const auto& want = reference[i].tokens;
+    int64_t count = 0, first = -1;
+    for (size_t t = 0; t < std::max(got.size(), want.size()); ++t) {
+      if (t >= got.size() || t >= want.size() || got[t] != want[t]) {
+        count += 1;
+        if (first < 0) first = static_cast<int64_t>(t);
+      }
+    }
+    out.mismatches.push_back(count);
+    out.first_mismatch.push_back(first);
+  }
+  return out;
+}
+
+}  // namespace vericache

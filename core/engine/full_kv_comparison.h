@@ -1,0 +1,36 @@
+// Running the draft-verify engine to completion and comparing its output with full-KV greedy
+// decoding: what the conformance kit's lossless rule and the checklist's acceptance and
+// end-to-end steps both measure.
+//
+// Ownership: borrows the model and the compressor in `options`. Thread-safety: one call at a time
+// per model. Failure: the engine's or the Generator's own errors (a compressor failure is not one:
+// it is reported per request in EngineResult::compressor_failure).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/draft_verify_engine.h"
+#include "engine/generator.h"
+
+namespace vericache {
+
+struct FullKvComparison {
+  std::vector<EngineResult> results;  // by request, in the order of `requests`
+  RequestMetrics totals;
+  std::vector<int64_t> mismatches;      // per request: positions whose token differs (a length difference counts)
+  std::vector<int64_t> first_mismatch;  // per request: the first such position, -1 when identical
+};
+
+// Full-KV greedy decoding of `requests` (Generator): the reference.
+Result<std::vector<GenerationResult>> full_kv_reference(const LlamaModel& model, std::span<const GenerationRequest> requests,
+                                                        int64_t page_size = 16);
+
+// Runs `requests` together on a DraftVerifyEngine with `options` (pools sized to hold them all) and
+// compares every request's tokens with `reference` (full_kv_reference of the same requests).
+Result<FullKvComparison> compare_with_full_kv(const LlamaModel& model, const EngineOptions& options,
+                                              std::span<const GenerationRequest> requests,
+                                              const std::vector<GenerationResult>& reference, int64_t page_size = 16);
+
+}  // namespace vericache
