@@ -43,6 +43,7 @@
 #include "commands.h"
 #include "engine/compression.h"
 #include "engine/draft_verify_engine.h"
+#include "sim/forward_cost_fit.h"
 #include "sim/simulator.h"
 #include "sim/throughput_model.h"
 #include "util/output_file.h"
@@ -89,72 +90,6 @@ double alpha_for_mean_accepted(double mean_accepted, int64_t x) {
     (sim::gamma_for_alpha(mid, x) * static_cast<double>(x) < mean_accepted ? lo : hi) = mid;
   }
   return 0.5 * (lo + hi);
-}
-
-// One forward for the cost fit: t = requests * t_req + further_rows * t_row + bytes * (1 / BW).
-struct ForwardSample {
-  double requests = 0, further_rows = 0, bytes = 0, seconds = 0, weight = 1;
-};
-struct ForwardCosts {
-  double request_s = 0, row_s = 0, seconds_per_byte = 0;
-};
-
-// The weighted least-squares fit with every cost >= 0: the best of the fits over each subset of
-// the three terms whose solution has no negative cost (the empty fit, all zero, is the fallback).
-// Each sample's weight is its `weight` / seconds^2: the fit minimises relative errors.
-ForwardCosts fit_forward_costs(const std::vector<ForwardSample>& samples) {
-  auto term = [](const ForwardSample& s, int k) { return k == 0 ? s.requests : k == 1 ? s.further_rows : s.bytes; };
-  auto weight = [](const ForwardSample& s) { return s.seconds > 0 ? s.weight / (s.seconds * s.seconds) : 0.0; };
-  ForwardCosts best;
-  double best_residual = 0;
-  for (const ForwardSample& s : samples) best_residual += weight(s) * s.seconds * s.seconds;
-  for (int mask = 1; mask < 8; ++mask) {
-    std::vector<int> used;
-    for (int k = 0; k < 3; ++k) {
-      if (mask & (1 << k)) used.push_back(k);
-    }
-    const size_t n = used.size();
-    // Normal equations A c = y, solved by Gaussian elimination with partial pivoting.
-    std::vector<std::vector<double>> a(n, std::vector<double>(n + 1, 0.0));
-    for (const ForwardSample& s : samples) {
-      for (size_t i = 0; i < n; ++i) {
-        for (size_t j = 0; j < n; ++j) a[i][j] += weight(s) * term(s, used[i]) * term(s, used[j]);
-        a[i][n] += weight(s) * term(s, used[i]) * s.seconds;
-      }
-    }
-    bool singular = false;
-    for (size_t col = 0; col < n && !singular; ++col) {
-      size_t pivot = col;
-      for (size_t row = col + 1; row < n; ++row) {
-        if (std::abs(a[row][col]) > std::abs(a[pivot][col])) pivot = row;
-      }
-      std::swap(a[col], a[pivot]);
-      if (std::abs(a[col][col]) < 1e-30) singular = true;
-      for (size_t row = 0; row < n && !singular; ++row) {
-        if (row == col) continue;
-        const double f = a[row][col] / a[col][col];
-        for (size_t k = col; k <= n; ++k) a[row][k] -= f * a[col][k];
-      }
-    }
-    if (singular) continue;
-    double c[3] = {0, 0, 0};
-    bool negative = false;
-    for (size_t i = 0; i < n; ++i) {
-      c[used[i]] = a[i][n] / a[i][i];
-      negative = negative || c[used[i]] < 0;
-    }
-    if (negative) continue;
-    double residual = 0;
-    for (const ForwardSample& s : samples) {
-      const double e = s.seconds - (c[0] * s.requests + c[1] * s.further_rows + c[2] * s.bytes);
-      residual += weight(s) * e * e;
-    }
-    if (residual < best_residual) {
-      best_residual = residual;
-      best = ForwardCosts{c[0], c[1], c[2]};
-    }
-  }
-  return best;
 }
 
 // Stands for "reading the cache costs nothing measurable" (bytes / this is below a nanosecond).
@@ -531,7 +466,7 @@ int run_bench_reload(int argc, char** argv) {
   cpu.draft_ms = calibration.draft_ms();
   cpu.verify_ms = calibration.verify_ms();
   cpu.full_kv_ms = 1e3 * full_kv_seconds / (passes * decode_steps);
-  std::vector<ForwardSample> samples;
+  std::vector<sim::ForwardSample> samples;
   for (const StepRecord& s : calibration.steps) {
     const double n = static_cast<double>(s.draft_items + s.verify_items);
     samples.push_back({n, static_cast<double>(s.rows) - n,
@@ -540,7 +475,7 @@ int run_bench_reload(int argc, char** argv) {
                        s.seconds, 1.0});
   }
   samples.push_back({B, 0, weights + B * full_bytes, cpu.full_kv_ms / 1e3, passes * decode_steps});
-  const ForwardCosts costs = fit_forward_costs(samples);
+  const sim::ForwardCosts costs = sim::fit_forward_costs(samples);
   int64_t verify_forwards = 0, verify_items = 0;
   for (const StepRecord& st : calibration.steps) {
     verify_forwards += st.verify_items > 0 ? 1 : 0;

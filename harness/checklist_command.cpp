@@ -6,7 +6,8 @@
 //   2. Acceptance: the draft-verify engine at each draft length x: accepted length per verify,
 //      acceptance per draft position, gamma(x, c) = accepted / drafted. Holds: every run's tokens are
 //      full-KV greedy decoding's.
-//   3. Throughput model: not measured by this version (reported as such, no verdict).
+//   3. Throughput model: Eq. 3's iteration time at each x, its constants fitted to the forwards of
+//      the runs at the other draft lengths, against the measured one. Holds: median |error| <= 15%.
 //   4. End-to-end: VeriCache at (c, x) against full-KV decoding on the prompt set. Holds: 0 mismatches.
 // Exit status 1 when a verdict fails.
 #include <ATen/ATen.h>
@@ -29,12 +30,15 @@
 #include <csignal>
 #include <unistd.h>
 
+#include "checklist_figures.h"
 #include "checklist_trace.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/compression.h"
 #include "engine/compression_divergence.h"
 #include "engine/full_kv_comparison.h"
+#include "sim/forward_cost_fit.h"
+#include "sim/throughput_model.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -257,18 +261,26 @@ Result<Verdict> kl_growth(const Setup& s, int64_t steps, Trace& trace) {
   return v;
 }
 
-class WindowSink : public StatsSink {
- public:
-  explicit WindowSink(std::vector<WindowRecord>* out) : out_(out) {}
-  void on_window(const WindowRecord& w) override { out_->push_back(w); }
+// What one engine run at draft length x recorded: its verify windows and decode forwards.
+struct EngineRun : public StatsSink {
+  int64_t x = 0;
+  std::vector<WindowRecord> windows;
+  std::vector<StepRecord> decode_steps;  // forwards without prefill rows
+  double gamma = 0;
+  void on_window(const WindowRecord& w) override { windows.push_back(w); }
+  void on_step(const StepRecord& st) override {
+    if (st.prefill_items == 0) decode_steps.push_back(st);
+  }
+};
 
- private:
-  std::vector<WindowRecord>* out_;
+struct EngineSteps {
+  Verdict acceptance, end_to_end;
+  std::vector<EngineRun> runs;  // by draft length, in the order run
 };
 
 // Step 2 (every x) and step 4 (x = the chosen one): engine runs against full-KV greedy decoding.
-Result<std::pair<Verdict, Verdict>> acceptance_and_end_to_end(const Setup& s, const std::vector<int64_t>& xs, int64_t chosen_x,
-                                                              int64_t max_tokens, Trace& trace) {
+Result<EngineSteps> acceptance_and_end_to_end(const Setup& s, const std::vector<int64_t>& xs, int64_t chosen_x,
+                                              int64_t max_tokens, Trace& trace) {
   const LlamaModel& m = *s.model;
   std::vector<GenerationRequest> requests;
   for (const auto& ids : s.prompts) {
@@ -280,7 +292,9 @@ Result<std::pair<Verdict, Verdict>> acceptance_and_end_to_end(const Setup& s, co
   VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> reference, full_kv_reference(m, requests));
   bool all_identical = true;
   std::string gammas;
-  Verdict end_to_end{4, "End-to-end", -1, ""};
+  EngineSteps out{{}, {4, "End-to-end", -1, ""}, {}};
+  Verdict& end_to_end = out.end_to_end;
+  out.runs.reserve(xs.size());
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < xs.size(); ++i) {
     const int64_t x = xs[i];
@@ -288,9 +302,9 @@ Result<std::pair<Verdict, Verdict>> acceptance_and_end_to_end(const Setup& s, co
     options.compressor = s.compressor;
     options.ratio = s.ratio;
     options.draft_length = x;
-    std::vector<WindowRecord> windows;
-    WindowSink sink(&windows);
-    options.sink = &sink;
+    EngineRun& engine_run = out.runs.emplace_back();
+    engine_run.x = x;
+    options.sink = &engine_run;
     VC_ASSIGN_OR_RETURN(const FullKvComparison run, compare_with_full_kv(m, options, requests, reference));
     const RequestMetrics& totals = run.totals;
     int64_t mismatches = 0, tokens = 0, prompts_differing = 0;
@@ -309,7 +323,7 @@ Result<std::pair<Verdict, Verdict>> acceptance_and_end_to_end(const Setup& s, co
         trace["end_to_end/first_mismatch"].push_back(static_cast<double>(run.first_mismatch[p]));
       }
     }
-    for (const WindowRecord& w : windows) {
+    for (const WindowRecord& w : engine_run.windows) {
       trace["acceptance/x"].push_back(static_cast<double>(x));
       trace["acceptance/request"].push_back(static_cast<double>(w.request_id));
       trace["acceptance/drafted"].push_back(static_cast<double>(w.drafted));
@@ -322,6 +336,15 @@ Result<std::pair<Verdict, Verdict>> acceptance_and_end_to_end(const Setup& s, co
       trace["acceptance_position/accepted"].push_back(static_cast<double>(totals.accepted_per_position[pos]));
     }
     const double gamma = totals.acceptance_rate();
+    engine_run.gamma = gamma;
+    for (const StepRecord& st : engine_run.decode_steps) {
+      trace["iterations/x"].push_back(static_cast<double>(x));
+      trace["iterations/seconds"].push_back(st.seconds);
+      trace["iterations/draft_items"].push_back(static_cast<double>(st.draft_items));
+      trace["iterations/verify_items"].push_back(static_cast<double>(st.verify_items));
+      trace["iterations/rows"].push_back(static_cast<double>(st.rows));
+      trace["iterations/kv_slots_read"].push_back(static_cast<double>(st.kv_slots_read));
+    }
     trace["acceptance_summary/x"].push_back(static_cast<double>(x));
     trace["acceptance_summary/gamma"].push_back(gamma);
     trace["acceptance_summary/mean_accepted"].push_back(totals.mean_acceptance_length());
@@ -339,17 +362,112 @@ Result<std::pair<Verdict, Verdict>> acceptance_and_end_to_end(const Setup& s, co
     }
     progress("2. Acceptance", static_cast<int64_t>(i + 1), static_cast<int64_t>(xs.size()), start);
   }
-  Verdict acceptance{2, "Acceptance", all_identical ? 1 : 0,
+  out.acceptance = Verdict{2, "Acceptance", all_identical ? 1 : 0,
                      "gamma(x, c = " + fmt("%g", s.ratio) + ") for x = " + gammas +
                          (all_identical ? "; every run identical to full-KV decoding" : "; a run differs from full-KV decoding") +
                          " (holds: every run identical)"};
-  return std::make_pair(acceptance, end_to_end);
+  return out;
+}
+
+// Step 3: Eq. 3's iteration time against the engine's, at every draft length. Eq. 3 reads bytes
+// only; a forward on this CPU also costs time per request and per further verify row, so the
+// constants are fitted (sim/forward_cost_fit.h) to the decode forwards of the runs at the *other*
+// draft lengths (leave one out), and the prediction at x is Eq. 3's bytes over the fitted
+// bandwidth plus those two terms for B requests drafting or verifying, B/x of them verifying x
+// further rows:
+//   T_iter(x) = (M + B*KV_full*(c + 1/x)) / BW + B*t_req + (B/x)*x*t_row
+// with KV_full the mean full cache (prompt + half the output) and c the ratio. No link term: the
+// engine here verifies in place (bench-reload measures reloads over an emulated link). Measured:
+// the mean of a run's forwards that carried every request. Holds: the median |error| over the
+// draft lengths <= 15% (a median, because one run's forwards can all run ~20% slower or faster
+// than another's on this shared machine).
+Verdict throughput_model(const Setup& s, const std::vector<EngineRun>& runs, int64_t chosen_x, int64_t max_tokens,
+                         Trace& trace) {
+  constexpr double kHoldsWithin = 0.15;
+  const LlamaModel& m = *s.model;
+  const LlamaConfig& cfg = m.config();
+  const double slot_bytes = 2.0 * static_cast<double>(cfg.n_kv_heads * cfg.head_dim * at::elementSize(m.dtype()));
+  const double weight_bytes = static_cast<double>(m.decode_weight_bytes());
+  const auto batch = static_cast<int64_t>(s.prompts.size());
+  const auto b = static_cast<double>(batch);
+  if (runs.size() < 2) {
+    return Verdict{3, "Throughput model", -1,
+                   "not measured: each draft length is predicted from the runs at the others, and --draft-lengths "
+                   "has one"};
+  }
+  double mean_prompt = 0;
+  for (const auto& ids : s.prompts) mean_prompt += static_cast<double>(ids.size()) / b;
+  std::vector<double> abs_errors;
+  std::string per_x, chosen;
+  for (const EngineRun& run : runs) {
+    std::vector<sim::ForwardSample> samples;
+    for (const EngineRun& other : runs) {
+      if (other.x == run.x) continue;
+      for (const StepRecord& st : other.decode_steps) {
+        const auto n = static_cast<double>(st.draft_items + st.verify_items);
+        samples.push_back({n, static_cast<double>(st.rows) - n,
+                           weight_bytes + static_cast<double>(st.kv_slots_read) * slot_bytes, st.seconds, 1.0});
+      }
+    }
+    double measured = 0;
+    int64_t full_forwards = 0;
+    for (const StepRecord& st : run.decode_steps) {
+      if (st.draft_items + st.verify_items != batch) continue;
+      measured += st.seconds;
+      ++full_forwards;
+    }
+    if (full_forwards == 0) continue;
+    measured /= static_cast<double>(full_forwards);
+    const sim::ForwardCosts costs = sim::fit_forward_costs(samples);
+    sim::LongContextInputs in;
+    in.weight_bytes = weight_bytes;
+    in.kv_full_bytes = (mean_prompt + 0.5 * static_cast<double>(max_tokens)) * static_cast<double>(cfg.n_layers) * slot_bytes;
+    in.hbm_bandwidth = costs.seconds_per_byte > 0 ? 1.0 / costs.seconds_per_byte : 1e18;  // 1e18: reads cost nothing measurable
+    in.link_bandwidth = 1e18;
+    in.batch = batch;
+    in.ratio = s.ratio;
+    in.draft_length = run.x;
+    in.gamma = run.gamma;
+    const sim::LongContextEstimate eq3 = sim::estimate_long_context(in);
+    const double predicted = eq3.t_gpu_s + b * costs.request_s + b * costs.row_s;
+    const double error = (predicted - measured) / measured;
+    abs_errors.push_back(std::abs(error));
+    trace["throughput_model/x"].push_back(static_cast<double>(run.x));
+    trace["throughput_model/measured_iteration_s"].push_back(measured);
+    trace["throughput_model/predicted_iteration_s"].push_back(predicted);
+    trace["throughput_model/error"].push_back(error);
+    trace["throughput_model/eq3_bytes_s"].push_back(eq3.t_gpu_s);
+    trace["throughput_model/request_s"].push_back(costs.request_s);
+    trace["throughput_model/row_s"].push_back(costs.row_s);
+    trace["throughput_model/bandwidth_bytes_per_s"].push_back(costs.seconds_per_byte > 0 ? 1.0 / costs.seconds_per_byte : 0.0);
+    trace["throughput_model/weight_bytes"].push_back(weight_bytes);
+    trace["throughput_model/kv_full_bytes"].push_back(in.kv_full_bytes);
+    trace["throughput_model/calibration_forwards"].push_back(static_cast<double>(samples.size()));
+    trace["throughput_model/measured_forwards"].push_back(static_cast<double>(full_forwards));
+    per_x += (per_x.empty() ? "" : ", ") + std::to_string(run.x) + ": " + fmt("%+.1f%%", 100 * error);
+    if (run.x == chosen_x) {
+      const std::string bandwidth = costs.seconds_per_byte > 0 ? fmt("%.1f GB/s", 1e-9 / costs.seconds_per_byte)
+                                                               : std::string("unresolved (reads too small to time)");
+      chosen = "; at x = " + std::to_string(run.x) + " Eq. 3 predicts " + fmt("%.1f", 1e3 * predicted) +
+               " ms, measured " + fmt("%.1f", 1e3 * measured) + " ms (mean of " + std::to_string(full_forwards) +
+               " forwards; fitted to " + std::to_string(samples.size()) + " forwards: bandwidth " + bandwidth + ", " +
+               fmt("%.2f", 1e3 * costs.request_s) + " ms per request, " + fmt("%.2f", 1e3 * costs.row_s) +
+               " ms per further verify row)";
+    }
+  }
+  if (abs_errors.size() < 2) return Verdict{3, "Throughput model", -1, "not measured: too few runs carried every request"};
+  std::sort(abs_errors.begin(), abs_errors.end());
+  const size_t n = abs_errors.size();
+  const double median = n % 2 ? abs_errors[n / 2] : 0.5 * (abs_errors[n / 2 - 1] + abs_errors[n / 2]);
+  return Verdict{3, "Throughput model", median <= kHoldsWithin ? 1 : 0,
+                 "iteration time, B = " + std::to_string(batch) + ", each x predicted from the other runs: error " + per_x +
+                     "; median |error| " + fmt("%.1f%%", 100 * median) + chosen + " (holds: median |error| <= 15%)"};
 }
 
 }  // namespace
 
 int run_checklist(int argc, char** argv) {
-  std::string model_arg, compressor_arg, params = "{}", xs_arg, out_dir, prompt_set_path;
+  std::string model_arg, compressor_arg, params = "{}", xs_arg, out_dir, prompt_set_path, python;
   std::vector<std::string> plugin_dirs;
   double ratio = 0.25;
   int64_t x = 25, n_prompts = 0, kl_steps = 0, max_tokens = 0;
@@ -358,7 +476,7 @@ int run_checklist(int argc, char** argv) {
   po::options_description desc(
       "vericache checklist: the paper's four-step checklist (KL growth, acceptance, throughput model,\n"
       "end-to-end) on one model and compressor; every measurement goes to an HDF5 trace in a new run\n"
-      "folder. Exit status 1 when a verdict fails.\n\nOptions");
+      "folder, with the figures drawn from it. Exit status 1 when a verdict fails.\n\nOptions");
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
@@ -367,7 +485,7 @@ int run_checklist(int argc, char** argv) {
     ("params", po::value(&params)->default_value("{}"), "the compressor's parameters as a JSON object")
     ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c in (0, 1]")
     ("draft-length,x", po::value(&x)->default_value(25), "the end-to-end step's draft length")
-    ("draft-lengths", po::value(&xs_arg), "the acceptance step's draft lengths (default 5,10,15,20,25,30,40; --quick 5,25)")
+    ("draft-lengths", po::value(&xs_arg), "the acceptance step's draft lengths (default 5,10,15,20,25,30,40; --quick 5,10,25)")
     ("prompt-set", po::value(&prompt_set_path)->default_value(VC_CHECKLIST_PROMPTS),
      "prompt set (JSON: {\"prompts\": [{\"name\", \"chat\", \"text\"}]}), e.g. datasets/long_code/prompts.json")
     ("prompts", po::value(&n_prompts), "the set's first N prompts to run (default 4; --quick 2)")
@@ -375,6 +493,8 @@ int run_checklist(int argc, char** argv) {
     ("max-tokens", po::value(&max_tokens), "tokens per prompt in the engine steps (default 64; --quick 24)")
     ("quick", po::bool_switch(&quick), "a short run (CI): fewer prompts, steps and draft lengths")
     ("out-dir", po::value(&out_dir)->default_value(VC_RESULTS_RUNS_DIR), "where the run folder is made")
+    ("python", po::value(&python)->default_value(default_figures_python()),
+     "the Python (with h5py and matplotlib) that draws the figures into the run folder")
     ("plugin-dir", po::value(&plugin_dirs)->composing(), "also search this folder for plugins (repeatable)")
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores");
   // clang-format on
@@ -388,7 +508,7 @@ int run_checklist(int argc, char** argv) {
   if (max_tokens == 0) max_tokens = quick ? 24 : 64;
   std::vector<int64_t> xs;
   try {
-    xs = parse_positive_list(xs_arg.empty() ? (quick ? "5,25" : "5,10,15,20,25,30,40") : xs_arg, "draft-lengths", 256);
+    xs = parse_positive_list(xs_arg.empty() ? (quick ? "5,10,25" : "5,10,15,20,25,30,40") : xs_arg, "draft-lengths", 256);
   } catch (const po::error& e) {
     return report_usage_error("checklist", e.what());
   }
@@ -426,9 +546,9 @@ int run_checklist(int argc, char** argv) {
   verdicts.push_back(*kl);
   auto engine_steps = acceptance_and_end_to_end(setup, xs, x, max_tokens, trace);
   if (!engine_steps.ok()) return report_error(engine_steps.status());
-  verdicts.push_back(engine_steps->first);
-  verdicts.push_back(Verdict{3, "Throughput model", -1, "not measured by this version of the checklist"});
-  verdicts.push_back(engine_steps->second);
+  verdicts.push_back(engine_steps->acceptance);
+  verdicts.push_back(throughput_model(setup, engine_steps->runs, x, max_tokens, trace));
+  verdicts.push_back(engine_steps->end_to_end);
 
   nlohmann::json verdict_json = nlohmann::json::array();
   for (const Verdict& v : verdicts) {
@@ -467,6 +587,13 @@ int run_checklist(int argc, char** argv) {
     failed = failed || v.holds == 0;
   }
   std::printf("trace: %s\n", trace_path.c_str());
+  // Figures are not a verdict: a run whose figures cannot be drawn says why and how to redraw them.
+  if (auto pngs = draw_checklist_figures(trace_path, *folder + "/figures", python); pngs.ok()) {
+    std::printf("figures: %s/figures (%zu PNG, each with its data as CSV)\n", folder->c_str(), pngs->size());
+  } else {
+    std::printf("figures: not drawn (%s); redraw with: vericache figures %s\n", pngs.status().message().c_str(),
+                folder->c_str());
+  }
   return failed ? kExitFailure : kExitOk;
 }
 

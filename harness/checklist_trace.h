@@ -2,7 +2,7 @@
 // string attributes on the root group), written once at the end of the run beside its destination
 // and renamed over it, so an interrupted run leaves no half-written trace.
 //
-// Layout "vericache-checklist", version 1.
+// Layout "vericache-checklist", version 2 (version 1 lacked iterations/ and throughput_model/).
 // Root attributes (strings):
 //   format "vericache-checklist"; version "1"; command; git_commit (of the source tree, or
 //   "unknown"); model_file; model_fingerprint; compressor; plugin_path; config (the run's options,
@@ -16,6 +16,14 @@
 //   acceptance_position/  x, position, drafted, accepted                    (draft position in a window)
 //   acceptance_summary/   x, gamma, mean_accepted, tokens, mismatches       (draft length)
 //   end_to_end/           prompt, prompt_tokens, generated, mismatches, first_mismatch (-1: none)
+//   iterations/           x, seconds, draft_items, verify_items, rows, kv_slots_read
+//                                                                           (decode forward of an engine run)
+//   throughput_model/     x, measured_iteration_s, predicted_iteration_s, error (relative),
+//                         eq3_bytes_s, request_s, row_s, bandwidth_bytes_per_s (0: unresolved),
+//                         weight_bytes, kv_full_bytes, calibration_forwards, measured_forwards
+//                                                                           (draft length predicted;
+//                                                                            absent when step 3 was
+//                                                                            not measured)
 // Figures and checks read it with h5py (harness/checklist/); our reader below checks the layout.
 //
 // Thread-safety: one call at a time. Failure: IOError / NotFound from the HDF5 layer naming the
@@ -32,7 +40,7 @@
 namespace vericache::cli {
 
 inline constexpr const char* kChecklistFormat = "vericache-checklist";
-inline constexpr int kChecklistVersion = 1;
+inline constexpr int kChecklistVersion = 2;
 
 // Writes `table` (its columns as above) with the format and version attributes added.
 Status write_checklist_trace(const std::string& path, Hdf5Table table);

@@ -172,9 +172,10 @@ std::string check_range(const OptionRange& r, double v) {
 
 // The shared checks of parse_command_line; "" when the command line passes them.
 std::string check_parsed(const boost::program_options::parsed_options& parsed,
-                         const boost::program_options::variables_map& vm, const std::vector<OptionRange>& ranges) {
+                         const boost::program_options::variables_map& vm, const std::vector<OptionRange>& ranges,
+                         bool positional_allowed) {
   for (const auto& o : parsed.options) {
-    if (o.position_key >= 0) {
+    if (o.position_key >= 0 && !positional_allowed) {
       return "unexpected argument '" + (o.value.empty() ? std::string() : o.value[0]) +
              "' (options take one value each; quote values with spaces, e.g. -p \"hello world\")";
     }
@@ -206,18 +207,22 @@ std::string command_line(int argc, char** argv) {
 
 std::optional<int> parse_command_line(const std::string& command, const boost::program_options::options_description& desc,
                                       const std::string& examples, int argc, char** argv,
-                                      boost::program_options::variables_map* vm, const std::vector<OptionRange>& ranges) {
+                                      boost::program_options::variables_map* vm, const std::vector<OptionRange>& ranges,
+                                      const boost::program_options::positional_options_description* positional) {
   namespace po = boost::program_options;
   std::string error;
   try {
-    const po::parsed_options parsed = po::command_line_parser(argc, argv).options(desc).run();
+    po::command_line_parser parser(argc, argv);
+    parser.options(desc);
+    if (positional != nullptr) parser.positional(*positional);
+    const po::parsed_options parsed = parser.run();
     po::store(parsed, *vm);
     po::notify(*vm);
     if (vm->count("help")) {
       std::cout << desc << (examples.empty() ? "" : "\n" + examples);
       return kExitOk;
     }
-    error = check_parsed(parsed, *vm, ranges);
+    error = check_parsed(parsed, *vm, ranges, positional != nullptr);
   } catch (const po::error& e) {
     error = e.what();
   }

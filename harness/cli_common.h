@@ -96,7 +96,8 @@ inline constexpr OptionRange kRatioRange{"ratio", 0, 1, true};
 std::string command_line(int argc, char** argv);
 
 // Parses a subcommand's command line into `vm` and applies the checks every subcommand shares:
-// no positional arguments (an unquoted prompt "-p hello world" would lose "world"), no empty
+// no positional arguments (an unquoted prompt "-p hello world" would lose "world") unless the
+// command names them in `positional` (Boost refuses more than it names), no empty
 // string values (--model "", --stop ""), and every option of `ranges` that was given or defaulted
 // inside its range. Returns the exit code to stop with: kExitUsage after printing the one-line
 // error, kExitOk after printing --help (`desc`, then `examples`); std::nullopt when the command
@@ -104,7 +105,8 @@ std::string command_line(int argc, char** argv);
 std::optional<int> parse_command_line(const std::string& command, const boost::program_options::options_description& desc,
                                       const std::string& examples, int argc, char** argv,
                                       boost::program_options::variables_map* vm,
-                                      const std::vector<OptionRange>& ranges = {});
+                                      const std::vector<OptionRange>& ranges = {},
+                                      const boost::program_options::positional_options_description* positional = nullptr);
 
 // A comma-separated list of integers in [1, max] ("512,2048") for option --`option`; throws
 // boost::program_options::error naming the bad item (callers report it as a usage error).

@@ -10,6 +10,7 @@ int run_plugins(int argc, char** argv);
 int run_compress(int argc, char** argv);
 int run_conformance(int argc, char** argv);
 int run_checklist(int argc, char** argv);
+int run_figures(int argc, char** argv);
 int run_train_kvzap(int argc, char** argv);
 int run_calibrate(int argc, char** argv);
 int run_run(int argc, char** argv);

@@ -80,9 +80,11 @@ if [[ "$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/
 else
   say "torch $TORCH_VERSION: present"
 fi
-if ! "$PY" -c 'import h5py' 2>/dev/null; then  # reads the checklist's traces (harness/checklist/)
-  say "installing h5py into .venv"
-  "$PY" -m pip install -q --disable-pip-version-check "h5py==3.16.0" || die "pip could not install h5py==3.16.0"
+# h5py reads the checklist's traces, matplotlib draws their figures (harness/checklist/).
+if ! "$PY" -c 'import h5py, matplotlib' 2>/dev/null; then
+  say "installing h5py and matplotlib into .venv"
+  "$PY" -m pip install -q --disable-pip-version-check "h5py==3.16.0" "matplotlib==3.11.2" \
+    || die "pip could not install h5py==3.16.0 and matplotlib==3.11.2"
 fi
 TORCH_PREFIX="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
 

@@ -18,15 +18,22 @@ namespace {
 using testing::CliRun;
 using testing::run_vericache;
 
-// The quick checklist on the default model and KVzip: four verdict lines (step 3 not measured by
-// this version), the lossless steps hold, and the trace in a new run folder has the documented
-// layout — read by our reader and by h5py (harness/checklist/check_trace.py).
+// The quick checklist on the default model and KVzip: four verdict lines, the measured steps 1, 2
+// and 4 hold, and the trace in a new run folder has the documented layout — read by our reader and
+// by h5py (harness/checklist/check_trace.py). Step 3 compares timings, so whether it holds is not
+// asserted here (a loaded machine may fail it); that its line carries both numbers is, and that
+// the exit status is 1 exactly when a verdict fails.
 TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   const std::string out = testing::temp_dir() + "/runs";
   const CliRun r = run_vericache("checklist --quick --out-dir " + out);
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string step3 = "iteration time, B = 2, each x predicted from the other runs: error ";
+  const bool step3_holds = r.out.find("\n3. Throughput model  HOLDS         " + step3) != std::string::npos;
+  const bool step3_fails = r.out.find("\n3. Throughput model  FAILS         " + step3) != std::string::npos;
+  EXPECT_TRUE(step3_holds || step3_fails) << r.out;
+  EXPECT_NE(r.out.find("; at x = 25 Eq. 3 predicts "), std::string::npos) << r.out;
+  ASSERT_EQ(r.exit_code, step3_holds ? 0 : 1) << r.out << r.err;
   for (const char* line : {"\n1. KL growth         HOLDS         mean KL ", "\n2. Acceptance        HOLDS         gamma(x, c = 0.25) for x = 5: ",
-                           "\n3. Throughput model  NOT MEASURED  ", "\n4. End-to-end        HOLDS         0 token mismatches in 48 tokens of 2 prompts"}) {
+                           "\n4. End-to-end        HOLDS         0 token mismatches in 48 tokens of 2 prompts"}) {
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   }
   std::vector<std::string> traces;
@@ -42,7 +49,11 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   EXPECT_EQ((*attrs)["command"], "vericache checklist --quick --out-dir " + out);
   const auto config = nlohmann::json::parse((*attrs)["config"]);
   EXPECT_EQ(config["quick"], true);
-  EXPECT_EQ(config["draft_lengths"], (std::vector<int64_t>{5, 25}));
+  EXPECT_EQ(config["draft_lengths"], (std::vector<int64_t>{5, 10, 25}));
+  auto predicted = read_hdf5_column(trace, "throughput_model/predicted_iteration_s");
+  ASSERT_TRUE(predicted.ok());
+  ASSERT_EQ(predicted->size(), 3u);
+  for (double t : *predicted) EXPECT_GT(t, 0.0);
   auto kl = read_hdf5_column(trace, "kl_growth/kl");
   ASSERT_TRUE(kl.ok());
   EXPECT_EQ(kl->size(), 2u * 32u);
@@ -52,9 +63,49 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
     ASSERT_TRUE(mismatches.ok()) << column;
     for (double v : *mismatches) EXPECT_EQ(v, 0.0) << column;
   }
+  const std::string figures = std::filesystem::path(trace).parent_path().string() + "/figures";
+  EXPECT_NE(r.out.find("figures: " + figures + " (5 PNG, each with its data as CSV)\n"), std::string::npos) << r.out;
+  for (const char* name : {"kl_growth", "acceptance", "acceptance_position", "accepted_lengths", "throughput_model"}) {
+    for (const char* ext : {".png", ".csv"}) {
+      EXPECT_GT(std::filesystem::file_size(figures + "/" + name + ext), 0u) << name << ext;
+    }
+  }
+  std::ifstream acceptance_csv(figures + "/acceptance.csv");
+  std::string header, row;
+  std::getline(acceptance_csv, header);
+  std::getline(acceptance_csv, row);
+  EXPECT_EQ(header, "x,gamma,mean_accepted");
+  EXPECT_EQ(row.rfind("5,", 0), 0u) << row;
+  // `vericache figures RUN` redraws them from the trace alone.
+  std::filesystem::remove_all(figures);
+  const CliRun redraw = run_vericache("figures " + std::filesystem::path(trace).parent_path().string());
+  EXPECT_EQ(redraw.exit_code, 0) << redraw.err;
+  EXPECT_EQ(redraw.out.rfind(figures + "/kl_growth.png\n", 0), 0u) << redraw.out;
+  EXPECT_TRUE(std::filesystem::exists(figures + "/throughput_model.png"));
   const CliRun h5py = testing::run_command(std::string(VC_PYTHON) + " " + testing::source_path("harness/checklist/check_trace.py") + " " + trace);
   EXPECT_EQ(h5py.exit_code, 0) << h5py.out << h5py.err;
   EXPECT_EQ(h5py.out.rfind("trace OK: " + trace, 0), 0u) << h5py.out;
+}
+
+// `vericache figures` names what is wrong: no run, no trace, a trace of another version, a Python
+// without matplotlib.
+TEST(Checklist, FiguresErrorsSayWhatToDo) {
+  const std::string dir = testing::temp_dir();
+  const CliRun none = run_vericache("figures");
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_EQ(none.err, "vericache figures: name the run folder (or its trace.h5)\nRun 'vericache figures --help' for the options.\n");
+  const CliRun missing = run_vericache("figures " + dir);
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_EQ(missing.err, "vericache: error: " + dir + "/trace.h5: no such trace (a checklist run folder holds trace.h5)\n");
+  Hdf5Table old{{"kl_growth/kl"}, {{0.1}}, {{"format", "vericache-checklist"}, {"version", "1"}}};
+  ASSERT_TRUE(write_hdf5_table(dir + "/trace.h5", old).ok());
+  const CliRun v1 = run_vericache("figures " + dir);
+  EXPECT_EQ(v1.exit_code, 1);
+  EXPECT_EQ(v1.err, "vericache: error: " + dir + "/trace.h5: checklist trace version 1; this vericache reads version 2\n");
+  const CliRun two = run_vericache("figures " + dir + " " + dir);
+  EXPECT_EQ(two.exit_code, 2);
+  EXPECT_EQ(two.err, "vericache figures: too many positional options have been specified on the command line\n"
+                     "Run 'vericache figures --help' for the options.\n");
 }
 
 // Prompt sets are checked before the model loads, with what to do.
@@ -79,10 +130,10 @@ TEST(Checklist, PromptSetErrorsSayWhatToDo) {
 // A trace of another version or format is refused by name; columns of one group must agree in length.
 TEST(Checklist, TraceReaderRefusesOtherVersionsAndFormats) {
   const std::string dir = testing::temp_dir();
-  Hdf5Table t{{"kl_growth/kl"}, {{0.1, 0.2}}, {{"format", "vericache-checklist"}, {"version", "2"}}};
-  ASSERT_TRUE(write_hdf5_table(dir + "/v2.h5", t).ok());
-  EXPECT_EQ(cli::read_checklist_attributes(dir + "/v2.h5").status().message(),
-            dir + "/v2.h5: checklist trace version 2; this vericache reads version 1");
+  Hdf5Table t{{"kl_growth/kl"}, {{0.1, 0.2}}, {{"format", "vericache-checklist"}, {"version", "1"}}};
+  ASSERT_TRUE(write_hdf5_table(dir + "/v1.h5", t).ok());
+  EXPECT_EQ(cli::read_checklist_attributes(dir + "/v1.h5").status().message(),
+            dir + "/v1.h5: checklist trace version 1; this vericache reads version 2");
   t.attributes = {{"format", "vericache-sweep"}, {"version", "1"}};
   ASSERT_TRUE(write_hdf5_table(dir + "/sweep.h5", t).ok());
   EXPECT_EQ(cli::read_checklist_attributes(dir + "/sweep.h5").status().message(),

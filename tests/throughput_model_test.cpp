@@ -1,10 +1,12 @@
-// The throughput model (Eq. 3, Eq. 4) on the paper's worked examples, and the profile files.
+// The throughput model (Eq. 3, Eq. 4) on the paper's worked examples, the profile files, and the
+// forward-cost fit that gives Eq. 3 its constants on a CPU.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <fstream>
 #include <string>
 
+#include "sim/forward_cost_fit.h"
 #include "sim/profiles.h"
 #include "sim/throughput_model.h"
 
@@ -150,6 +152,26 @@ TEST(Profiles, BadProfilesAreNamedErrors) {
   EXPECT_EQ(fractional.status().message(), path + ": 'layers' must be a whole number");
   std::ofstream(path) << "{not json";
   EXPECT_EQ(load_model_shape(path, kProfiles).status().message(), path + ": not a JSON object");
+}
+
+// Forwards that follow t = n*2 ms + rows*1 ms + bytes/10 GB/s exactly give those costs back; when
+// the unconstrained solution would make a cost negative, that term is dropped, not fitted below 0.
+TEST(ForwardCostFit, RecoversExactCostsAndNeverGoesNegative) {
+  std::vector<ForwardSample> samples;
+  for (double n : {1.0, 2.0, 4.0}) {
+    for (double rows : {0.0, 5.0, 25.0}) {
+      for (double bytes : {1e8, 3e8}) samples.push_back({n, rows, bytes, n * 2e-3 + rows * 1e-3 + bytes / 1e10, 1.0});
+    }
+  }
+  const ForwardCosts fit = fit_forward_costs(samples);
+  EXPECT_NEAR(fit.request_s, 2e-3, 1e-9);
+  EXPECT_NEAR(fit.row_s, 1e-3, 1e-9);
+  EXPECT_NEAR(fit.seconds_per_byte, 1e-10, 1e-16);
+  EXPECT_NEAR(fit.predict(3, 10, 2e8), 6e-3 + 10e-3 + 2e-2, 1e-9);
+  // Time falls as rows grow: the best fit with row_s >= 0 leaves rows out (row_s = 0).
+  const ForwardCosts falling = fit_forward_costs({{1, 0, 0, 0.010, 1}, {1, 10, 0, 0.008, 1}, {1, 20, 0, 0.006, 1}});
+  EXPECT_EQ(falling.row_s, 0.0);
+  EXPECT_GT(falling.request_s, 0.0);
 }
 
 }  // namespace

@@ -622,6 +622,9 @@ Status DraftVerifyEngine::run_forward(std::vector<Request*>& members, double sta
       }
     }
     record.rows += static_cast<int64_t>(r->tokens.size());
+    const SequenceKv& kv = *batch.back().kv;
+    for (int64_t l = 0; l < kv.n_layers(); ++l) record.kv_slots_read += kv.total_length(l);
+    record.kv_slots_read += kv.n_layers() * static_cast<int64_t>(r->tokens.size());
   }
 
   // The compressor sees prefill rows as they are computed (its drops shape KV_comp), and the

@@ -57,6 +57,9 @@ struct StepRecord {
   int64_t verify_items = 0;
   int64_t rows = 0;          // token rows in the forward
   int64_t prefill_rows = 0;  // of those, prompt tokens
+  // Cache slots the forward's attention reads: each item's cache length (packed slots included)
+  // plus its new rows, summed over items and layers.
+  int64_t kv_slots_read = 0;
   double stall_seconds = 0;  // with a scheduler: waiting, before the forward, for copies due now
 };
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks a `vericache checklist` trace (layout "vericache-checklist" version 1, documented in
+"""Checks a `vericache checklist` trace (layout "vericache-checklist" version 2, documented in
 harness/checklist_trace.h) with h5py: attributes, groups, column names, lengths against the run's
 configuration, and the four verdicts. Exit status 0 and one summary line when it conforms;
 1 and the first problem otherwise.
@@ -20,6 +20,10 @@ GROUPS = {
     "acceptance_position": ["x", "position", "drafted", "accepted"],
     "acceptance_summary": ["x", "gamma", "mean_accepted", "tokens", "mismatches"],
     "end_to_end": ["prompt", "prompt_tokens", "generated", "mismatches", "first_mismatch"],
+    "iterations": ["x", "seconds", "draft_items", "verify_items", "rows", "kv_slots_read"],
+    "throughput_model": ["x", "measured_iteration_s", "predicted_iteration_s", "error", "eq3_bytes_s", "request_s",
+                         "row_s", "bandwidth_bytes_per_s", "weight_bytes", "kv_full_bytes", "calibration_forwards",
+                         "measured_forwards"],
 }
 
 
@@ -33,11 +37,14 @@ def check(path):
         missing = [a for a in ATTRIBUTES if a not in attrs]
         if missing:
             return f"missing attributes: {', '.join(missing)}"
-        if attrs["format"] != "vericache-checklist" or attrs["version"] != "1":
-            return f"format {attrs['format']} version {attrs['version']}, expected vericache-checklist 1"
+        if attrs["format"] != "vericache-checklist" or attrs["version"] != "2":
+            return f"format {attrs['format']} version {attrs['version']}, expected vericache-checklist 2"
         config = json.loads(attrs["config"])
+        verdicts = json.loads(attrs["verdicts"])
         lengths = {}
         for group, columns in GROUPS.items():
+            if group == "throughput_model" and verdicts[2]["holds"] is None and group not in f:
+                continue  # step 3 not measured
             if group not in f:
                 return f"no group {group}"
             for c in columns:
@@ -55,7 +62,8 @@ def check(path):
             return f"acceptance_summary/x {list(f['acceptance_summary']['x'][:])} != {config['draft_lengths']}"
         if lengths["end_to_end"] != prompts:
             return f"end_to_end has {lengths['end_to_end']} rows for {prompts} prompts"
-        verdicts = json.loads(attrs["verdicts"])
+        if "throughput_model" in lengths and list(f["throughput_model"]["x"][:]) != config["draft_lengths"]:
+            return f"throughput_model/x {list(f['throughput_model']['x'][:])} != {config['draft_lengths']}"
         if [v["step"] for v in verdicts] != [1, 2, 3, 4]:
             return f"verdicts for steps {[v['step'] for v in verdicts]}"
         held = ", ".join(f"{v['step']}: {'n/a' if v['holds'] is None else 'holds' if v['holds'] else 'FAILS'}" for v in verdicts)

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Draws the figures of a `vericache checklist` trace (layout "vericache-checklist" version 2,
+harness/checklist_trace.h) with matplotlib, reading the trace with h5py. Each figure is a PNG with
+the data behind it as a CSV of the same name:
+
+  kl_growth            cumulative KL(p_full || p_compressed) against the decode step, per prompt and
+                       their mean with its least-squares line (the paper's Fig. 4)
+  acceptance           acceptance rate gamma(x, c) and mean accepted length against the draft
+                       length x (the paper's Fig. 8)
+  acceptance_position  acceptance at each draft position, one line per x
+  accepted_lengths     how many drafts each verify accepted, at the run's x
+  throughput_model     Eq. 3's iteration time against the measured one, per x (absent when step 3
+                       was not measured)
+
+    .venv/bin/python harness/checklist/figures.py RUN/trace.h5 RUN/figures
+
+`vericache figures RUN` runs this; `vericache checklist` runs it at the end of a run. Exit status 0
+and one line per figure; 1 and the problem otherwise.
+"""
+import csv
+import json
+import os
+import sys
+
+import h5py
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+
+FORMAT, VERSION = "vericache-checklist", "2"
+
+
+def text(value):
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def group(f, name):
+    return {column: f[name][column][:] for column in f[name]} if name in f else None
+
+
+def save(fig, out_dir, name, header, rows):
+    png = os.path.join(out_dir, name + ".png")
+    fig.savefig(png, dpi=120, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    with open(os.path.join(out_dir, name + ".csv"), "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(header)
+        w.writerows(rows)
+    print(f"figure: {png}")
+
+
+def title(attrs, config, what):
+    return f"{what}\n{attrs['compressor']}, c = {config['ratio']:g}, {os.path.basename(attrs['model_file'])}"
+
+
+def kl_growth(f, attrs, config, out_dir):
+    g, mean = group(f, "kl_growth"), group(f, "kl_growth_mean")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for p in sorted(set(g["prompt"])):
+        sel = g["prompt"] == p
+        ax.plot(g["step"][sel], g["cumulative_kl"][sel], color="0.75", linewidth=0.8,
+                label="each prompt" if p == 0 else None)
+    ax.plot(mean["step"], mean["mean_cumulative_kl"], color="C0", label="mean over prompts")
+    ax.plot(mean["step"], mean["fit"], color="C3", linestyle="--", label="least-squares line")
+    ax.set_xlabel("decode step")
+    ax.set_ylabel("cumulative KL (nats)")
+    ax.set_title(title(attrs, config, "KL growth on the compressed cache alone"))
+    ax.legend()
+    rows = [(int(s), m, fit) for s, m, fit in zip(mean["step"], mean["mean_cumulative_kl"], mean["fit"])]
+    save(fig, out_dir, "kl_growth", ["step", "mean_cumulative_kl", "fit"], rows)
+
+
+def acceptance(f, attrs, config, out_dir):
+    s = group(f, "acceptance_summary")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(s["x"], s["gamma"], marker="o", color="C0", label="acceptance rate gamma(x, c)")
+    ax.set_xlabel("draft length x")
+    ax.set_ylabel("gamma: accepted / drafted")
+    ax.set_ylim(0, 1.05)
+    right = ax.twinx()
+    right.plot(s["x"], s["mean_accepted"], marker="s", color="C1", label="mean accepted length")
+    right.set_ylabel("tokens per verify (accepted + 1)")
+    right.set_ylim(bottom=1)
+    ax.legend(handles=ax.lines + right.lines, loc="lower left")
+    ax.set_title(title(attrs, config, "Acceptance against the draft length"))
+    rows = [(int(x), g, m) for x, g, m in zip(s["x"], s["gamma"], s["mean_accepted"])]
+    save(fig, out_dir, "acceptance", ["x", "gamma", "mean_accepted"], rows)
+
+
+def acceptance_position(f, attrs, config, out_dir):
+    p = group(f, "acceptance_position")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = []
+    for x in sorted(set(p["x"])):
+        sel = (p["x"] == x) & (p["drafted"] > 0)
+        rate = p["accepted"][sel] / p["drafted"][sel]
+        ax.plot(p["position"][sel] + 1, rate, marker=".", label=f"x = {int(x)}")
+        rows += [(int(x), int(pos) + 1, r, int(d)) for pos, r, d in zip(p["position"][sel], rate, p["drafted"][sel])]
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted / drafted at that position")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(title(attrs, config, "Acceptance per draft position"))
+    ax.legend(fontsize="small", ncol=2)
+    save(fig, out_dir, "acceptance_position", ["x", "position", "acceptance", "drafted"], rows)
+
+
+def accepted_lengths(f, attrs, config, out_dir):
+    w = group(f, "acceptance")
+    x = config["draft_length"]
+    sel = (w["x"] == x) & (w["drafted"] == x)  # full windows: a request's last may draft fewer
+    counts = [int(((w["accepted"][sel]) == k).sum()) for k in range(x + 1)]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar(range(x + 1), counts, color="C0")
+    ax.set_xlabel(f"drafts accepted of {x}")
+    ax.set_ylabel("verify windows")
+    ax.set_title(title(attrs, config, f"Accepted drafts per verify at x = {x}"))
+    save(fig, out_dir, "accepted_lengths", ["accepted", "windows"], list(enumerate(counts)))
+
+
+def throughput_model(f, attrs, config, out_dir):
+    t = group(f, "throughput_model")
+    if t is None:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(t["x"], 1e3 * t["measured_iteration_s"], marker="o", label="measured")
+    ax.plot(t["x"], 1e3 * t["predicted_iteration_s"], marker="s", linestyle="--",
+            label="Eq. 3 (constants from the other x)")
+    ax.set_xlabel("draft length x")
+    ax.set_ylabel("iteration time (ms)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title(attrs, config, "Throughput model: iteration time"))
+    ax.legend()
+    rows = [(int(x), m, p, e) for x, m, p, e in
+            zip(t["x"], t["measured_iteration_s"], t["predicted_iteration_s"], t["error"])]
+    save(fig, out_dir, "throughput_model", ["x", "measured_iteration_s", "predicted_iteration_s", "error"], rows)
+
+
+def draw(trace, out_dir):
+    with h5py.File(trace, "r") as f:
+        attrs = {k: text(v) for k, v in f.attrs.items()}
+        if attrs.get("format") != FORMAT or attrs.get("version") != VERSION:
+            return f"format {attrs.get('format')} version {attrs.get('version')}; this script draws {FORMAT} {VERSION}"
+        config = json.loads(attrs["config"])
+        os.makedirs(out_dir, exist_ok=True)
+        for figure in (kl_growth, acceptance, acceptance_position, accepted_lengths, throughput_model):
+            figure(f, attrs, config, out_dir)
+    return None
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    problem = draw(sys.argv[1], sys.argv[2])
+    if problem:
+        print(f"{sys.argv[1]}: {problem}", file=sys.stderr)
+        sys.exit(1)
