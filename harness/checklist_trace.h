@@ -2,7 +2,8 @@
 // string attributes on the root group), written once at the end of the run beside its destination
 // and renamed over it, so an interrupted run leaves no half-written trace.
 //
-// Layout "vericache-checklist", version 2 (version 1 lacked iterations/ and throughput_model/).
+// Layout "vericache-checklist", version 2 (version 1 lacked end_to_end_kl/, iterations/ and
+// throughput_model/).
 // Root attributes (strings):
 //   format "vericache-checklist"; version "1"; command; git_commit (of the source tree, or
 //   "unknown"); model_file; model_fingerprint; compressor; plugin_path; config (the run's options,
@@ -16,6 +17,9 @@
 //   acceptance_position/  x, position, drafted, accepted                    (draft position in a window)
 //   acceptance_summary/   x, gamma, mean_accepted, tokens, mismatches       (draft length)
 //   end_to_end/           prompt, prompt_tokens, generated, mismatches, first_mismatch (-1: none)
+//   end_to_end_kl/        prompt, position, kl                              (output token of the end-to-end
+//                                                                            run: KL(p_full || p_VeriCache)
+//                                                                            of its distribution, nats)
 //   iterations/           x, seconds, draft_items, verify_items, rows, kv_slots_read
 //                                                                           (decode forward of an engine run)
 //   throughput_model/     x, measured_iteration_s, predicted_iteration_s, error (relative),

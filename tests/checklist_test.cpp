@@ -19,7 +19,7 @@ using testing::CliRun;
 using testing::run_vericache;
 
 // The quick checklist on the default model and KVzip: four verdict lines, the measured steps 1, 2
-// and 4 hold, and the trace in a new run folder has the documented layout — read by our reader and
+// and 4 hold (every output token's distribution exactly full-KV decoding's: KL 0), and the trace in a new run folder has the documented layout — read by our reader and
 // by h5py (harness/checklist/check_trace.py). Step 3 compares timings, so whether it holds is not
 // asserted here (a loaded machine may fail it); that its line carries both numbers is, and that
 // the exit status is 1 exactly when a verdict fails.
@@ -33,7 +33,8 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   EXPECT_NE(r.out.find("; at x = 25 Eq. 3 predicts "), std::string::npos) << r.out;
   ASSERT_EQ(r.exit_code, step3_holds ? 0 : 1) << r.out << r.err;
   for (const char* line : {"\n1. KL growth         HOLDS         mean KL ", "\n2. Acceptance        HOLDS         gamma(x, c = 0.25) for x = 5: ",
-                           "\n4. End-to-end        HOLDS         0 token mismatches in 48 tokens of 2 prompts"}) {
+                           "\n4. End-to-end        HOLDS         0 token mismatches in 48 tokens of 2 prompts (0 prompts differ); "
+                           "KL(full-KV || VeriCache) per token over 48 tokens: mean 0, max 0 nats;"}) {
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   }
   std::vector<std::string> traces;
@@ -58,7 +59,10 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   ASSERT_TRUE(kl.ok());
   EXPECT_EQ(kl->size(), 2u * 32u);
   for (double v : *kl) EXPECT_GE(v, 0.0);
-  for (const char* column : {"acceptance_summary/mismatches", "end_to_end/mismatches"}) {
+  auto token_kl = read_hdf5_column(trace, "end_to_end_kl/kl");
+  ASSERT_TRUE(token_kl.ok());
+  EXPECT_EQ(token_kl->size(), 48u);
+  for (const char* column : {"acceptance_summary/mismatches", "end_to_end/mismatches", "end_to_end_kl/kl"}) {
     auto mismatches = read_hdf5_column(trace, column);
     ASSERT_TRUE(mismatches.ok()) << column;
     for (double v : *mismatches) EXPECT_EQ(v, 0.0) << column;

@@ -476,6 +476,9 @@ void DraftVerifyEngine::finish_prefill(Request& r, const float* logits) {
   r.committed = n;
   r.comp_end = n;
   r.pending = select_token(logits, model_.config().vocab_size, r.req.sampling, r.rng);
+  if (options_.sink != nullptr) {
+    options_.sink->on_token_logits(r.id, n, std::span<const float>(logits, model_.config().vocab_size));
+  }
   if (!r.full_only) {
     if (Status s = r.compressor_status.ok() ? build_compressed(r) : r.compressor_status; !s.ok())
       fall_back_to_full(r, s);
@@ -510,7 +513,12 @@ void DraftVerifyEngine::commit_window(Request& r, const float* rows) {
     for (int64_t i = 0; i < x; ++i) ++m.drafted_per_position[i];
     for (int64_t i = 0; i < v.accepted; ++i) ++m.accepted_per_position[i];
   }
-  if (options_.sink != nullptr) options_.sink->on_window(WindowRecord{r.id, x, v.accepted});
+  if (options_.sink != nullptr) {
+    options_.sink->on_window(WindowRecord{r.id, x, v.accepted});
+    for (int64_t i = 0; i <= v.accepted; ++i) {
+      options_.sink->on_token_logits(r.id, r.committed + 1 + i, std::span<const float>(rows + i * vocab, vocab));
+    }
+  }
 
   // KV_full keeps the last committed token and the accepted drafts: rows 0..accepted.
   const int64_t old = r.committed, end = old + v.accepted + 1;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace vericache {
@@ -76,6 +77,10 @@ class StatsSink {
   virtual ~StatsSink() = default;
   virtual void on_step(const StepRecord&) {}
   virtual void on_window(const WindowRecord&) {}
+  // The logits that chose the token committed at `position` (the prompt's last row for the first
+  // token, else the verify row that accepted or corrected it): vocab_size floats, valid during the
+  // call only. Lets a caller compare VeriCache's distributions with full-KV decoding's.
+  virtual void on_token_logits(int64_t /*request_id*/, int64_t /*position*/, std::span<const float> /*logits*/) {}
 };
 
 }  // namespace vericache

@@ -20,6 +20,7 @@ GROUPS = {
     "acceptance_position": ["x", "position", "drafted", "accepted"],
     "acceptance_summary": ["x", "gamma", "mean_accepted", "tokens", "mismatches"],
     "end_to_end": ["prompt", "prompt_tokens", "generated", "mismatches", "first_mismatch"],
+    "end_to_end_kl": ["prompt", "position", "kl"],
     "iterations": ["x", "seconds", "draft_items", "verify_items", "rows", "kv_slots_read"],
     "throughput_model": ["x", "measured_iteration_s", "predicted_iteration_s", "error", "eq3_bytes_s", "request_s",
                          "row_s", "bandwidth_bytes_per_s", "weight_bytes", "kv_full_bytes", "calibration_forwards",
