@@ -4,8 +4,9 @@
 //      (teacher forced); per-step KL(p_full || p_compressed) and argmax agreement; the cumulative KL
 //      (mean over prompts) against the step with a least-squares line. Holds: slope > 0, R^2 >= 0.9.
 //   2. Acceptance: the draft-verify engine at each draft length x: accepted length per verify,
-//      acceptance per draft position, gamma(x, c) = accepted / drafted. Holds: every run's tokens are
-//      full-KV greedy decoding's.
+//      acceptance per draft position, gamma(x, c) = accepted / drafted; then at x, gamma as c falls
+//      (the acceptance cliff) and as the temperature rises (sampled). Holds: every greedy run's
+//      tokens are full-KV greedy decoding's.
 //   3. Throughput model: Eq. 3's iteration time at each x, its constants fitted to the forwards of
 //      the runs at the other draft lengths, against the measured one. Holds: median |error| <= 25%.
 //   4. End-to-end: VeriCache at (c, x) against full-KV decoding on the prompt set: token mismatches,
@@ -263,6 +264,21 @@ Result<Verdict> kl_growth(const Setup& s, int64_t steps, Trace& trace) {
   return v;
 }
 
+// The prompt set as engine requests: `max_tokens` each, greedy at temperature 0, else sampled with
+// a seed per prompt (its index + 1).
+std::vector<GenerationRequest> engine_requests(const Setup& s, int64_t max_tokens, double temperature) {
+  std::vector<GenerationRequest> requests;
+  for (size_t p = 0; p < s.prompts.size(); ++p) {
+    GenerationRequest r;
+    r.prompt = s.prompts[p];
+    r.max_new_tokens = max_tokens;
+    r.sampling.temperature = temperature;
+    r.sampling.seed = p + 1;
+    requests.push_back(r);
+  }
+  return requests;
+}
+
 // Full-KV log-probabilities of each generated token's position: one forward over the prompt and the
 // full-KV greedy output (teacher forced), row k the distribution the k-th output token was chosen
 // from. [generated, vocab] float.
@@ -331,13 +347,7 @@ constexpr double kMaxKl = 0.01;
 Result<EngineSteps> acceptance_and_end_to_end(const Setup& s, const std::vector<int64_t>& xs, int64_t chosen_x,
                                               int64_t max_tokens, Trace& trace) {
   const LlamaModel& m = *s.model;
-  std::vector<GenerationRequest> requests;
-  for (const auto& ids : s.prompts) {
-    GenerationRequest r;
-    r.prompt = ids;
-    r.max_new_tokens = max_tokens;
-    requests.push_back(r);
-  }
+  const std::vector<GenerationRequest> requests = engine_requests(s, max_tokens, 0.0);
   VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> reference, full_kv_reference(m, requests));
   std::vector<at::Tensor> reference_log_probs;
   for (size_t p = 0; p < requests.size(); ++p) {
@@ -435,8 +445,77 @@ Result<EngineSteps> acceptance_and_end_to_end(const Setup& s, const std::vector<
   }
   out.acceptance = Verdict{2, "Acceptance", all_identical ? 1 : 0,
                      "gamma(x, c = " + fmt("%g", s.ratio) + ") for x = " + gammas +
-                         (all_identical ? "; every run identical to full-KV decoding" : "; a run differs from full-KV decoding") +
-                         " (holds: every run identical)"};
+                         (all_identical ? "; every run identical to full-KV decoding" : "; a run differs from full-KV decoding")};
+  return out;
+}
+
+// Beyond the paper (part of step 2): acceptance at the chosen x as c falls (greedy; every run
+// checked against full-KV decoding like the others) and as the temperature rises (sampled, seeded;
+// their tokens follow the full-KV sampling distribution, which the engine tests check, so they are
+// not compared here), with the decode tokens/s of each run on this machine.
+struct Sweeps {
+  bool all_identical = true;
+  std::string summary;
+};
+Result<Sweeps> ratio_and_temperature_sweeps(const Setup& s, int64_t x, const std::vector<double>& ratios,
+                                            const std::vector<double>& temperatures, int64_t max_tokens, Trace& trace) {
+  Sweeps out;
+  if (ratios.empty() && temperatures.empty()) return out;
+  const LlamaModel& m = *s.model;
+  const std::vector<GenerationRequest> greedy = engine_requests(s, max_tokens, 0.0);
+  VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> reference, full_kv_reference(m, greedy));
+  const auto start = std::chrono::steady_clock::now();
+  const auto total = static_cast<int64_t>(ratios.size() + temperatures.size());
+  std::string by_ratio, by_temperature;
+  for (int64_t i = 0; i < total; ++i) {
+    const bool sweep_ratio = i < static_cast<int64_t>(ratios.size());
+    const double ratio = sweep_ratio ? ratios[i] : s.ratio;
+    const double temperature = sweep_ratio ? 0.0 : temperatures[i - ratios.size()];
+    EngineOptions options;
+    options.compressor = s.compressor;
+    options.ratio = ratio;
+    options.draft_length = x;
+    EngineRun run;
+    options.sink = &run;
+    const std::vector<GenerationRequest> requests = sweep_ratio ? greedy : engine_requests(s, max_tokens, temperature);
+    // For a sampled run the reference only sizes the comparison; its mismatches are not read.
+    VC_ASSIGN_OR_RETURN(const FullKvComparison result, compare_with_full_kv(m, options, requests, reference));
+    int64_t tokens = 0, mismatches = 0;
+    for (size_t p = 0; p < requests.size(); ++p) {
+      tokens += static_cast<int64_t>(result.results[p].generation.tokens.size());
+      mismatches += result.mismatches[p] + (result.results[p].compressor_failure.empty() ? 0 : 1);
+    }
+    double decode_seconds = 0;
+    for (const StepRecord& st : run.decode_steps) decode_seconds += st.seconds;
+    const double tok_s = decode_seconds > 0 ? static_cast<double>(tokens - static_cast<int64_t>(requests.size())) / decode_seconds : 0;
+    const double gamma = result.totals.acceptance_rate(), accepted = result.totals.mean_acceptance_length();
+    if (sweep_ratio) {
+      trace["ratio_sweep/ratio"].push_back(ratio);
+      trace["ratio_sweep/x"].push_back(static_cast<double>(x));
+      trace["ratio_sweep/gamma"].push_back(gamma);
+      trace["ratio_sweep/mean_accepted"].push_back(accepted);
+      trace["ratio_sweep/tokens"].push_back(static_cast<double>(tokens));
+      trace["ratio_sweep/mismatches"].push_back(static_cast<double>(mismatches));
+      trace["ratio_sweep/tok_s"].push_back(tok_s);
+      out.all_identical = out.all_identical && mismatches == 0;
+      by_ratio += (by_ratio.empty() ? "" : ", ") + fmt("%g", ratio) + ": " + fmt("%.3f", gamma);
+    } else {
+      trace["temperature_sweep/temperature"].push_back(temperature);
+      trace["temperature_sweep/ratio"].push_back(ratio);
+      trace["temperature_sweep/x"].push_back(static_cast<double>(x));
+      trace["temperature_sweep/gamma"].push_back(gamma);
+      trace["temperature_sweep/mean_accepted"].push_back(accepted);
+      trace["temperature_sweep/tokens"].push_back(static_cast<double>(tokens));
+      trace["temperature_sweep/tok_s"].push_back(tok_s);
+      by_temperature += (by_temperature.empty() ? "" : ", ") + fmt("%g", temperature) + ": " + fmt("%.3f", gamma);
+    }
+    progress("2. Sweeps (c, T)", i + 1, total, start);
+  }
+  if (!by_ratio.empty()) {
+    out.summary += "; at x = " + std::to_string(x) + ", gamma by c " + by_ratio +
+                   (out.all_identical ? " (every run identical)" : " (a run differs from full-KV decoding)");
+  }
+  if (!by_temperature.empty()) out.summary += "; gamma by temperature (sampled) " + by_temperature;
   return out;
 }
 
@@ -553,7 +632,7 @@ Verdict throughput_model(const Setup& s, const std::vector<EngineRun>& runs, int
 }  // namespace
 
 int run_checklist(int argc, char** argv) {
-  std::string model_arg, compressor_arg, params = "{}", xs_arg, out_dir, prompt_set_path, python;
+  std::string model_arg, compressor_arg, params = "{}", xs_arg, ratios_arg, temperatures_arg, out_dir, prompt_set_path, python;
   std::vector<std::string> plugin_dirs;
   double ratio = 0.25;
   int64_t x = 25, n_prompts = 0, kl_steps = 0, max_tokens = 0;
@@ -572,6 +651,11 @@ int run_checklist(int argc, char** argv) {
     ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c in (0, 1]")
     ("draft-length,x", po::value(&x)->default_value(25), "the end-to-end step's draft length")
     ("draft-lengths", po::value(&xs_arg), "the acceptance step's draft lengths (default 5,10,15,20,25,30,40; --quick 5,10,25)")
+    ("ratios", po::value(&ratios_arg),
+     "kept fractions c of the acceptance-cliff sweep at x, greedy (default 0.5,0.35,0.25,0.15,0.1,0.05; --quick 0.1; "
+     "none: skip)")
+    ("temperatures", po::value(&temperatures_arg),
+     "sampling temperatures of the sweep at (c, x) (default 0.3,0.7,1.0; --quick 0.7; none: skip)")
     ("prompt-set", po::value(&prompt_set_path)->default_value(VC_CHECKLIST_PROMPTS),
      "prompt set (JSON: {\"prompts\": [{\"name\", \"chat\", \"text\"}]}), e.g. datasets/long_code/prompts.json")
     ("prompts", po::value(&n_prompts), "the set's first N prompts to run (default 4; --quick 2)")
@@ -593,8 +677,13 @@ int run_checklist(int argc, char** argv) {
   if (kl_steps == 0) kl_steps = quick ? 32 : 128;
   if (max_tokens == 0) max_tokens = quick ? 24 : 64;
   std::vector<int64_t> xs;
+  std::vector<double> ratios, temperatures;
   try {
     xs = parse_positive_list(xs_arg.empty() ? (quick ? "5,10,25" : "5,10,15,20,25,30,40") : xs_arg, "draft-lengths", 256);
+    if (ratios_arg.empty()) ratios_arg = quick ? "0.1" : "0.5,0.35,0.25,0.15,0.1,0.05";
+    if (ratios_arg != "none") ratios = parse_number_list(ratios_arg, "ratios", 1e-3, 1.0);
+    if (temperatures_arg.empty()) temperatures_arg = quick ? "0.7" : "0.3,0.7,1.0";
+    if (temperatures_arg != "none") temperatures = parse_number_list(temperatures_arg, "temperatures", 1e-3, 10.0);
   } catch (const po::error& e) {
     return report_usage_error("checklist", e.what());
   }
@@ -632,7 +721,12 @@ int run_checklist(int argc, char** argv) {
   verdicts.push_back(*kl);
   auto engine_steps = acceptance_and_end_to_end(setup, xs, x, max_tokens, trace);
   if (!engine_steps.ok()) return report_error(engine_steps.status());
-  verdicts.push_back(engine_steps->acceptance);
+  auto sweeps = ratio_and_temperature_sweeps(setup, x, ratios, temperatures, max_tokens, trace);
+  if (!sweeps.ok()) return report_error(sweeps.status());
+  Verdict acceptance = engine_steps->acceptance;
+  if (!sweeps->all_identical) acceptance.holds = 0;
+  acceptance.summary += sweeps->summary + " (holds: every greedy run identical)";
+  verdicts.push_back(acceptance);
   verdicts.push_back(throughput_model(setup, engine_steps->runs, x, max_tokens, trace));
   verdicts.push_back(engine_steps->end_to_end);
 
@@ -642,7 +736,8 @@ int run_checklist(int argc, char** argv) {
                             {"summary", v.summary}});
   }
   const nlohmann::json config{{"compressor", compressor_arg}, {"params", params}, {"ratio", ratio}, {"draft_length", x},
-                              {"draft_lengths", xs}, {"prompts", n_prompts}, {"kl_steps", kl_steps},
+                              {"draft_lengths", xs}, {"ratios", ratios}, {"temperatures", temperatures},
+                              {"prompts", n_prompts}, {"kl_steps", kl_steps},
                               {"max_tokens", max_tokens}, {"quick", quick}, {"prompt_set", prompt_set_path}};
   Hdf5Table table = trace.table();
   table.attributes = {{"command", command_line(argc, argv)},

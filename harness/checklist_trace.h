@@ -2,8 +2,8 @@
 // string attributes on the root group), written once at the end of the run beside its destination
 // and renamed over it, so an interrupted run leaves no half-written trace.
 //
-// Layout "vericache-checklist", version 2 (version 1 lacked end_to_end_kl/, iterations/ and
-// throughput_model/).
+// Layout "vericache-checklist", version 2 (version 1 lacked the sweeps, end_to_end_kl/,
+// iterations/ and throughput_model/).
 // Root attributes (strings):
 //   format "vericache-checklist"; version "1"; command; git_commit (of the source tree, or
 //   "unknown"); model_file; model_fingerprint; compressor; plugin_path; config (the run's options,
@@ -16,6 +16,11 @@
 //   acceptance/           x, request, drafted, accepted                     (verify window)
 //   acceptance_position/  x, position, drafted, accepted                    (draft position in a window)
 //   acceptance_summary/   x, gamma, mean_accepted, tokens, mismatches       (draft length)
+//   ratio_sweep/          ratio, x, gamma, mean_accepted, tokens, mismatches, tok_s
+//                                                                           (kept fraction c, greedy, at x;
+//                                                                            tok_s: decode tokens/s)
+//   temperature_sweep/    temperature, ratio, x, gamma, mean_accepted, tokens, tok_s
+//                                                                           (temperature, sampled, at c, x)
 //   end_to_end/           prompt, prompt_tokens, generated, mismatches, first_mismatch (-1: none)
 //   end_to_end_kl/        prompt, position, kl                              (output token of the end-to-end
 //                                                                            run: KL(p_full || p_VeriCache)

@@ -19,6 +19,8 @@ GROUPS = {
     "acceptance": ["x", "request", "drafted", "accepted"],
     "acceptance_position": ["x", "position", "drafted", "accepted"],
     "acceptance_summary": ["x", "gamma", "mean_accepted", "tokens", "mismatches"],
+    "ratio_sweep": ["ratio", "x", "gamma", "mean_accepted", "tokens", "mismatches", "tok_s"],
+    "temperature_sweep": ["temperature", "ratio", "x", "gamma", "mean_accepted", "tokens", "tok_s"],
     "end_to_end": ["prompt", "prompt_tokens", "generated", "mismatches", "first_mismatch"],
     "end_to_end_kl": ["prompt", "position", "kl"],
     "iterations": ["x", "seconds", "draft_items", "verify_items", "rows", "kv_slots_read"],
@@ -46,6 +48,8 @@ def check(path):
         for group, columns in GROUPS.items():
             if group == "throughput_model" and verdicts[2]["holds"] is None and group not in f:
                 continue  # step 3 not measured
+            if (group, config.get(group.split("_")[0] + "s")) in (("ratio_sweep", []), ("temperature_sweep", [])):
+                continue  # a sweep skipped with "none"
             if group not in f:
                 return f"no group {group}"
             for c in columns:
@@ -61,6 +65,9 @@ def check(path):
                    f"expected {prompts} x {steps} and {steps}"
         if list(f["acceptance_summary"]["x"][:]) != config["draft_lengths"]:
             return f"acceptance_summary/x {list(f['acceptance_summary']['x'][:])} != {config['draft_lengths']}"
+        for group, key in (("ratio_sweep", "ratios"), ("temperature_sweep", "temperatures")):
+            if group in lengths and lengths[group] != len(config[key]):
+                return f"{group} has {lengths[group]} rows for {len(config[key])} {key}"
         if lengths["end_to_end"] != prompts:
             return f"end_to_end has {lengths['end_to_end']} rows for {prompts} prompts"
         if "throughput_model" in lengths and list(f["throughput_model"]["x"][:]) != config["draft_lengths"]:

@@ -9,8 +9,10 @@ the data behind it as a CSV of the same name:
                        length x (the paper's Fig. 8)
   acceptance_position  acceptance at each draft position, one line per x
   accepted_lengths     how many drafts each verify accepted, at the run's x
-  throughput_model     Eq. 3's iteration time against the measured one, per x (absent when step 3
-                       was not measured)
+  acceptance_cliff     gamma and mean accepted length at x as the kept fraction c falls
+  temperature          gamma and decode tokens/s at (c, x) against the sampling temperature
+  throughput_model     Eq. 3's iteration time against the measured one, per x
+(the last three are absent when their sweep or step 3 did not run)
 
     .venv/bin/python harness/checklist/figures.py RUN/trace.h5 RUN/figures
 
@@ -118,6 +120,63 @@ def accepted_lengths(f, attrs, config, out_dir):
     save(fig, out_dir, "accepted_lengths", ["accepted", "windows"], list(enumerate(counts)))
 
 
+def chosen_run(f, config):
+    """gamma, mean accepted length and decode tokens/s of the main run (c, x, greedy)."""
+    s, it = group(f, "acceptance_summary"), group(f, "iterations")
+    x = config["draft_length"]
+    row = list(s["x"]).index(x)
+    seconds = it["seconds"][it["x"] == x].sum()
+    return s["gamma"][row], s["mean_accepted"][row], (s["tokens"][row] - config["prompts"]) / seconds
+
+
+def acceptance_cliff(f, attrs, config, out_dir):
+    r = group(f, "ratio_sweep")
+    if r is None:
+        return
+    points = {c: (g, m) for c, g, m in zip(r["ratio"], r["gamma"], r["mean_accepted"])}
+    gamma, accepted, _ = chosen_run(f, config)
+    points.setdefault(config["ratio"], (gamma, accepted))
+    cs = sorted(points, reverse=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(cs, [points[c][0] for c in cs], marker="o", color="C0", label="acceptance rate gamma")
+    ax.set_xscale("log")
+    ax.invert_xaxis()
+    ax.set_xticks(cs, [f"{c:g}" for c in cs])
+    ax.minorticks_off()
+    ax.set_xlabel("kept fraction c (falling)")
+    ax.set_ylabel("gamma: accepted / drafted")
+    ax.set_ylim(0, 1.05)
+    right = ax.twinx()
+    right.plot(cs, [points[c][1] for c in cs], marker="s", color="C1", label="mean accepted length")
+    right.set_ylabel("tokens per verify (accepted + 1)")
+    right.set_ylim(bottom=1)
+    ax.legend(handles=ax.lines + right.lines, loc="upper right")
+    ax.set_title(f"The acceptance cliff at x = {config['draft_length']}\n{attrs['compressor']}, "
+                 f"{os.path.basename(attrs['model_file'])}")
+    save(fig, out_dir, "acceptance_cliff", ["ratio", "gamma", "mean_accepted"],
+         [(c, points[c][0], points[c][1]) for c in cs])
+
+
+def temperature(f, attrs, config, out_dir):
+    t = group(f, "temperature_sweep")
+    if t is None:
+        return
+    gamma, _, tok_s = chosen_run(f, config)
+    rows = [(0.0, gamma, tok_s)] + [(T, g, s) for T, g, s in zip(t["temperature"], t["gamma"], t["tok_s"])]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r[0] for r in rows], [r[1] for r in rows], marker="o", color="C0", label="acceptance rate gamma")
+    ax.set_xlabel("sampling temperature T (0: greedy)")
+    ax.set_ylabel("gamma: accepted / drafted")
+    ax.set_ylim(0, 1.05)
+    right = ax.twinx()
+    right.plot([r[0] for r in rows], [r[2] for r in rows], marker="s", color="C1", label="decode tokens/s (this machine)")
+    right.set_ylabel("decode tokens/s")
+    right.set_ylim(bottom=0)
+    ax.legend(handles=ax.lines + right.lines, loc="lower left")
+    ax.set_title(title(attrs, config, f"Acceptance and throughput against temperature, x = {config['draft_length']}"))
+    save(fig, out_dir, "temperature", ["temperature", "gamma", "tok_s"], rows)
+
+
 def throughput_model(f, attrs, config, out_dir):
     t = group(f, "throughput_model")
     if t is None:
@@ -143,7 +202,8 @@ def draw(trace, out_dir):
             return f"format {attrs.get('format')} version {attrs.get('version')}; this script draws {FORMAT} {VERSION}"
         config = json.loads(attrs["config"])
         os.makedirs(out_dir, exist_ok=True)
-        for figure in (kl_growth, acceptance, acceptance_position, accepted_lengths, throughput_model):
+        for figure in (kl_growth, acceptance, acceptance_position, accepted_lengths, acceptance_cliff, temperature,
+                       throughput_model):
             figure(f, attrs, config, out_dir)
     return None
 
