@@ -5,7 +5,8 @@
 //      (mean over prompts) against the step with a least-squares line. Holds: slope > 0, R^2 >= 0.9.
 //   2. Acceptance: the draft-verify engine at each draft length x: accepted length per verify,
 //      acceptance per draft position, gamma(x, c) = accepted / drafted; then at x, gamma as c falls
-//      (the acceptance cliff) and as the temperature rises (sampled). Holds: every greedy run's
+//      (the acceptance cliff), as the temperature rises (sampled) and as the context grows (one
+//      prompt per length cut from a long text). Holds: every greedy run's
 //      tokens are full-KV greedy decoding's.
 //   3. Throughput model: Eq. 3's iteration time at each x, its constants fitted to the forwards of
 //      the runs at the other draft lengths, against the measured one. Holds: median |error| <= 25%.
@@ -33,6 +34,7 @@
 #include <csignal>
 #include <unistd.h>
 
+#include "bench_support.h"
 #include "checklist_figures.h"
 #include "checklist_trace.h"
 #include "cli_common.h"
@@ -519,6 +521,52 @@ Result<Sweeps> ratio_and_temperature_sweeps(const Setup& s, int64_t x, const std
   return out;
 }
 
+// Beyond the paper (part of step 2): acceptance at (c, x) against context length, one prompt per
+// context cut from the start of `corpus` (greedy, checked against full-KV decoding).
+Result<Sweeps> context_sweep(const Setup& s, const std::vector<int32_t>& corpus, const std::vector<int64_t>& contexts,
+                             int64_t x, int64_t max_tokens, Trace& trace) {
+  Sweeps out;
+  const LlamaModel& m = *s.model;
+  const auto start = std::chrono::steady_clock::now();
+  std::string by_context;
+  for (size_t i = 0; i < contexts.size(); ++i) {
+    VC_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, bench_prompt(m, corpus, contexts[i], ""));
+    Setup one = s;
+    one.prompts = {std::move(prompt)};
+    const std::vector<GenerationRequest> requests = engine_requests(one, max_tokens, 0.0);
+    VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> reference, full_kv_reference(m, requests));
+    EngineOptions options;
+    options.compressor = s.compressor;
+    options.ratio = s.ratio;
+    options.draft_length = x;
+    EngineRun run;
+    options.sink = &run;
+    VC_ASSIGN_OR_RETURN(const FullKvComparison result, compare_with_full_kv(m, options, requests, reference));
+    const int64_t mismatches = result.mismatches[0] + (result.results[0].compressor_failure.empty() ? 0 : 1);
+    const auto tokens = static_cast<int64_t>(result.results[0].generation.tokens.size());
+    double decode_seconds = 0;
+    for (const StepRecord& st : run.decode_steps) decode_seconds += st.seconds;
+    const double gamma = result.totals.acceptance_rate();
+    trace["context_sweep/context"].push_back(static_cast<double>(contexts[i]));
+    trace["context_sweep/prompt_tokens"].push_back(static_cast<double>(requests[0].prompt.size()));
+    trace["context_sweep/ratio"].push_back(s.ratio);
+    trace["context_sweep/x"].push_back(static_cast<double>(x));
+    trace["context_sweep/gamma"].push_back(gamma);
+    trace["context_sweep/mean_accepted"].push_back(result.totals.mean_acceptance_length());
+    trace["context_sweep/tokens"].push_back(static_cast<double>(tokens));
+    trace["context_sweep/mismatches"].push_back(static_cast<double>(mismatches));
+    trace["context_sweep/tok_s"].push_back(decode_seconds > 0 ? static_cast<double>(tokens - 1) / decode_seconds : 0.0);
+    out.all_identical = out.all_identical && mismatches == 0;
+    by_context += (by_context.empty() ? "" : ", ") + std::to_string(contexts[i]) + ": " + fmt("%.3f", gamma);
+    progress("2. Contexts", static_cast<int64_t>(i + 1), static_cast<int64_t>(contexts.size()), start);
+  }
+  if (!by_context.empty()) {
+    out.summary = "; gamma by context (tokens) " + by_context +
+                  (out.all_identical ? " (every run identical)" : " (a run differs from full-KV decoding)");
+  }
+  return out;
+}
+
 // Step 3: Eq. 3's iteration time against the engine's, at every draft length. Eq. 3 reads bytes
 // only; a forward on this CPU also costs time per request and per further verify row, so the
 // constants are fitted (sim/forward_cost_fit.h) to the decode forwards of the runs at the *other*
@@ -632,7 +680,8 @@ Verdict throughput_model(const Setup& s, const std::vector<EngineRun>& runs, int
 }  // namespace
 
 int run_checklist(int argc, char** argv) {
-  std::string model_arg, compressor_arg, params = "{}", xs_arg, ratios_arg, temperatures_arg, out_dir, prompt_set_path, python;
+  std::string model_arg, compressor_arg, params = "{}", xs_arg, ratios_arg, temperatures_arg, contexts_arg, out_dir,
+      prompt_set_path, python, context_text;
   std::vector<std::string> plugin_dirs;
   double ratio = 0.25;
   int64_t x = 25, n_prompts = 0, kl_steps = 0, max_tokens = 0;
@@ -656,6 +705,11 @@ int run_checklist(int argc, char** argv) {
      "none: skip)")
     ("temperatures", po::value(&temperatures_arg),
      "sampling temperatures of the sweep at (c, x) (default 0.3,0.7,1.0; --quick 0.7; none: skip)")
+    ("contexts", po::value(&contexts_arg),
+     "prompt lengths (tokens) of the context sweep at (c, x), greedy (default 1024,2048,4096,8000; --quick 1024; "
+     "none: skip)")
+    ("context-text", po::value(&context_text)->default_value(VC_DEFAULT_BENCH_TEXT),
+     "the text the context sweep's prompts are cut from (its first N tokens)")
     ("prompt-set", po::value(&prompt_set_path)->default_value(VC_CHECKLIST_PROMPTS),
      "prompt set (JSON: {\"prompts\": [{\"name\", \"chat\", \"text\"}]}), e.g. datasets/long_code/prompts.json")
     ("prompts", po::value(&n_prompts), "the set's first N prompts to run (default 4; --quick 2)")
@@ -678,7 +732,10 @@ int run_checklist(int argc, char** argv) {
   if (max_tokens == 0) max_tokens = quick ? 24 : 64;
   std::vector<int64_t> xs;
   std::vector<double> ratios, temperatures;
+  std::vector<int64_t> contexts;
   try {
+    if (contexts_arg.empty()) contexts_arg = quick ? "1024" : "1024,2048,4096,8000";
+    if (contexts_arg != "none") contexts = parse_positive_list(contexts_arg, "contexts", 1 << 20);
     xs = parse_positive_list(xs_arg.empty() ? (quick ? "5,10,25" : "5,10,15,20,25,30,40") : xs_arg, "draft-lengths", 256);
     if (ratios_arg.empty()) ratios_arg = quick ? "0.1" : "0.5,0.35,0.25,0.15,0.1,0.05";
     if (ratios_arg != "none") ratios = parse_number_list(ratios_arg, "ratios", 1e-3, 1.0);
@@ -702,6 +759,13 @@ int run_checklist(int argc, char** argv) {
     return report_usage_error("checklist", (*compressor)->name() +
                                                " is a quantizer; this version of the checklist runs token droppers");
   }
+  if (Status fit = check_contexts_fit(m, contexts, max_tokens, x + 1); !fit.ok()) return report_status("checklist", fit);
+  std::vector<int32_t> corpus;
+  if (!contexts.empty()) {
+    auto text = bench_corpus(m, context_text, *std::max_element(contexts.begin(), contexts.end()));
+    if (!text.ok()) return report_status("checklist", text.status());
+    corpus = std::move(*text);
+  }
   Setup setup{&m, compressor->get(), ratio, {}};
   for (const PromptEntry& p : *prompt_set) {
     auto ids = prompt_tokens(m, p.text, !p.chat, "");
@@ -723,9 +787,11 @@ int run_checklist(int argc, char** argv) {
   if (!engine_steps.ok()) return report_error(engine_steps.status());
   auto sweeps = ratio_and_temperature_sweeps(setup, x, ratios, temperatures, max_tokens, trace);
   if (!sweeps.ok()) return report_error(sweeps.status());
+  auto by_context = context_sweep(setup, corpus, contexts, x, max_tokens, trace);
+  if (!by_context.ok()) return report_error(by_context.status());
   Verdict acceptance = engine_steps->acceptance;
-  if (!sweeps->all_identical) acceptance.holds = 0;
-  acceptance.summary += sweeps->summary + " (holds: every greedy run identical)";
+  if (!sweeps->all_identical || !by_context->all_identical) acceptance.holds = 0;
+  acceptance.summary += sweeps->summary + by_context->summary + " (holds: every greedy run identical)";
   verdicts.push_back(acceptance);
   verdicts.push_back(throughput_model(setup, engine_steps->runs, x, max_tokens, trace));
   verdicts.push_back(engine_steps->end_to_end);
@@ -737,6 +803,7 @@ int run_checklist(int argc, char** argv) {
   }
   const nlohmann::json config{{"compressor", compressor_arg}, {"params", params}, {"ratio", ratio}, {"draft_length", x},
                               {"draft_lengths", xs}, {"ratios", ratios}, {"temperatures", temperatures},
+                              {"contexts", contexts}, {"context_text", context_text},
                               {"prompts", n_prompts}, {"kl_steps", kl_steps},
                               {"max_tokens", max_tokens}, {"quick", quick}, {"prompt_set", prompt_set_path}};
   Hdf5Table table = trace.table();

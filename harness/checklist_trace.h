@@ -21,6 +21,8 @@
 //                                                                            tok_s: decode tokens/s)
 //   temperature_sweep/    temperature, ratio, x, gamma, mean_accepted, tokens, tok_s
 //                                                                           (temperature, sampled, at c, x)
+//   context_sweep/        context, prompt_tokens, ratio, x, gamma, mean_accepted, tokens, mismatches,
+//                         tok_s                                             (prompt length, greedy, at c, x)
 //   end_to_end/           prompt, prompt_tokens, generated, mismatches, first_mismatch (-1: none)
 //   end_to_end_kl/        prompt, position, kl                              (output token of the end-to-end
 //                                                                            run: KL(p_full || p_VeriCache)

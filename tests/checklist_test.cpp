@@ -33,7 +33,7 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   EXPECT_NE(r.out.find("; at x = 25 Eq. 3 predicts "), std::string::npos) << r.out;
   ASSERT_EQ(r.exit_code, step3_holds ? 0 : 1) << r.out << r.err;
   for (const char* line : {"\n1. KL growth         HOLDS         mean KL ", "\n2. Acceptance        HOLDS         gamma(x, c = 0.25) for x = 5: ", "; at x = 25, gamma by c 0.1: ",
-                           "; gamma by temperature (sampled) 0.7: ",
+                           "; gamma by temperature (sampled) 0.7: ", "; gamma by context (tokens) 1024: ",
                            "\n4. End-to-end        HOLDS         0 token mismatches in 48 tokens of 2 prompts (0 prompts differ); "
                            "KL(full-KV || VeriCache) per token over 48 tokens: mean 0, max 0 nats;"}) {
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
@@ -57,6 +57,9 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   auto sweep_mismatches = read_hdf5_column(trace, "ratio_sweep/mismatches");
   ASSERT_TRUE(sweep_mismatches.ok());
   EXPECT_EQ(*sweep_mismatches, (std::vector<double>{0}));
+  auto context_mismatches = read_hdf5_column(trace, "context_sweep/mismatches");
+  ASSERT_TRUE(context_mismatches.ok());
+  EXPECT_EQ(*context_mismatches, (std::vector<double>{0}));
   auto predicted = read_hdf5_column(trace, "throughput_model/predicted_iteration_s");
   ASSERT_TRUE(predicted.ok());
   ASSERT_EQ(predicted->size(), 3u);
@@ -74,9 +77,9 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
     for (double v : *mismatches) EXPECT_EQ(v, 0.0) << column;
   }
   const std::string figures = std::filesystem::path(trace).parent_path().string() + "/figures";
-  EXPECT_NE(r.out.find("figures: " + figures + " (7 PNG, each with its data as CSV)\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("figures: " + figures + " (8 PNG, each with its data as CSV)\n"), std::string::npos) << r.out;
   for (const char* name : {"kl_growth", "acceptance", "acceptance_position", "accepted_lengths", "acceptance_cliff",
-                           "temperature", "throughput_model"}) {
+                           "temperature", "context_length", "throughput_model"}) {
     for (const char* ext : {".png", ".csv"}) {
       EXPECT_GT(std::filesystem::file_size(figures + "/" + name + ext), 0u) << name << ext;
     }

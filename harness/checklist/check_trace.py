@@ -21,6 +21,7 @@ GROUPS = {
     "acceptance_summary": ["x", "gamma", "mean_accepted", "tokens", "mismatches"],
     "ratio_sweep": ["ratio", "x", "gamma", "mean_accepted", "tokens", "mismatches", "tok_s"],
     "temperature_sweep": ["temperature", "ratio", "x", "gamma", "mean_accepted", "tokens", "tok_s"],
+    "context_sweep": ["context", "prompt_tokens", "ratio", "x", "gamma", "mean_accepted", "tokens", "mismatches", "tok_s"],
     "end_to_end": ["prompt", "prompt_tokens", "generated", "mismatches", "first_mismatch"],
     "end_to_end_kl": ["prompt", "position", "kl"],
     "iterations": ["x", "seconds", "draft_items", "verify_items", "rows", "kv_slots_read"],
@@ -48,7 +49,8 @@ def check(path):
         for group, columns in GROUPS.items():
             if group == "throughput_model" and verdicts[2]["holds"] is None and group not in f:
                 continue  # step 3 not measured
-            if (group, config.get(group.split("_")[0] + "s")) in (("ratio_sweep", []), ("temperature_sweep", [])):
+            if (group, config.get(group.split("_")[0] + "s")) in (("ratio_sweep", []), ("temperature_sweep", []),
+                                                                ("context_sweep", [])):
                 continue  # a sweep skipped with "none"
             if group not in f:
                 return f"no group {group}"
@@ -65,7 +67,7 @@ def check(path):
                    f"expected {prompts} x {steps} and {steps}"
         if list(f["acceptance_summary"]["x"][:]) != config["draft_lengths"]:
             return f"acceptance_summary/x {list(f['acceptance_summary']['x'][:])} != {config['draft_lengths']}"
-        for group, key in (("ratio_sweep", "ratios"), ("temperature_sweep", "temperatures")):
+        for group, key in (("ratio_sweep", "ratios"), ("temperature_sweep", "temperatures"), ("context_sweep", "contexts")):
             if group in lengths and lengths[group] != len(config[key]):
                 return f"{group} has {lengths[group]} rows for {len(config[key])} {key}"
         if lengths["end_to_end"] != prompts:

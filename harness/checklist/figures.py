@@ -11,8 +11,9 @@ the data behind it as a CSV of the same name:
   accepted_lengths     how many drafts each verify accepted, at the run's x
   acceptance_cliff     gamma and mean accepted length at x as the kept fraction c falls
   temperature          gamma and decode tokens/s at (c, x) against the sampling temperature
+  context_length       gamma and mean accepted length at (c, x) against the prompt's length
   throughput_model     Eq. 3's iteration time against the measured one, per x
-(the last three are absent when their sweep or step 3 did not run)
+(the last four are absent when their sweep or step 3 did not run)
 
     .venv/bin/python harness/checklist/figures.py RUN/trace.h5 RUN/figures
 
@@ -157,6 +158,28 @@ def acceptance_cliff(f, attrs, config, out_dir):
          [(c, points[c][0], points[c][1]) for c in cs])
 
 
+def context_length(f, attrs, config, out_dir):
+    c = group(f, "context_sweep")
+    if c is None:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(c["prompt_tokens"], c["gamma"], marker="o", color="C0", label="acceptance rate gamma")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(c["prompt_tokens"], [f"{int(n)}" for n in c["prompt_tokens"]])
+    ax.minorticks_off()
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("gamma: accepted / drafted")
+    ax.set_ylim(0, 1.05)
+    right = ax.twinx()
+    right.plot(c["prompt_tokens"], c["mean_accepted"], marker="s", color="C1", label="mean accepted length")
+    right.set_ylabel("tokens per verify (accepted + 1)")
+    right.set_ylim(bottom=1)
+    ax.legend(handles=ax.lines + right.lines, loc="lower left")
+    ax.set_title(title(attrs, config, f"Acceptance against context length, x = {config['draft_length']}"))
+    rows = [(int(n), g, m, int(k)) for n, g, m, k in zip(c["prompt_tokens"], c["gamma"], c["mean_accepted"], c["mismatches"])]
+    save(fig, out_dir, "context_length", ["prompt_tokens", "gamma", "mean_accepted", "mismatches"], rows)
+
+
 def temperature(f, attrs, config, out_dir):
     t = group(f, "temperature_sweep")
     if t is None:
@@ -203,7 +226,7 @@ def draw(trace, out_dir):
         config = json.loads(attrs["config"])
         os.makedirs(out_dir, exist_ok=True)
         for figure in (kl_growth, acceptance, acceptance_position, accepted_lengths, acceptance_cliff, temperature,
-                       throughput_model):
+                       context_length, throughput_model):
             figure(f, attrs, config, out_dir)
     return None
 
