@@ -74,18 +74,27 @@ def kl_growth(f, attrs, config, out_dir):
     save(fig, out_dir, "kl_growth", ["step", "mean_cumulative_kl", "fit"], rows)
 
 
-def acceptance(f, attrs, config, out_dir):
-    s = group(f, "acceptance_summary")
+def gamma_and_accepted(xs, gammas, accepted, xlabel, legend_loc, right_label="tokens per verify (accepted + 1)",
+                       right_bottom=1):
+    """A figure with gamma on the left axis and a second series (by default the mean accepted
+    length) on the right, against the same x values."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(s["x"], s["gamma"], marker="o", color="C0", label="acceptance rate gamma(x, c)")
-    ax.set_xlabel("draft length x")
+    ax.plot(xs, gammas, marker="o", color="C0", label="acceptance rate gamma")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("gamma: accepted / drafted")
     ax.set_ylim(0, 1.05)
     right = ax.twinx()
-    right.plot(s["x"], s["mean_accepted"], marker="s", color="C1", label="mean accepted length")
-    right.set_ylabel("tokens per verify (accepted + 1)")
-    right.set_ylim(bottom=1)
-    ax.legend(handles=ax.lines + right.lines, loc="lower left")
+    right.plot(xs, accepted, marker="s", color="C1",
+               label="mean accepted length" if right_bottom == 1 else "decode tokens/s (this machine)")
+    right.set_ylabel(right_label)
+    right.set_ylim(bottom=right_bottom)
+    ax.legend(handles=ax.lines + right.lines, loc=legend_loc)
+    return fig, ax
+
+
+def acceptance(f, attrs, config, out_dir):
+    s = group(f, "acceptance_summary")
+    fig, ax = gamma_and_accepted(s["x"], s["gamma"], s["mean_accepted"], "draft length x", "lower left")
     ax.set_title(title(attrs, config, "Acceptance against the draft length"))
     rows = [(int(x), g, m) for x, g, m in zip(s["x"], s["gamma"], s["mean_accepted"])]
     save(fig, out_dir, "acceptance", ["x", "gamma", "mean_accepted"], rows)
@@ -138,20 +147,12 @@ def acceptance_cliff(f, attrs, config, out_dir):
     gamma, accepted, _ = chosen_run(f, config)
     points.setdefault(config["ratio"], (gamma, accepted))
     cs = sorted(points, reverse=True)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(cs, [points[c][0] for c in cs], marker="o", color="C0", label="acceptance rate gamma")
+    fig, ax = gamma_and_accepted(cs, [points[c][0] for c in cs], [points[c][1] for c in cs], "kept fraction c (falling)",
+                                 "upper right")
     ax.set_xscale("log")
     ax.invert_xaxis()
     ax.set_xticks(cs, [f"{c:g}" for c in cs])
     ax.minorticks_off()
-    ax.set_xlabel("kept fraction c (falling)")
-    ax.set_ylabel("gamma: accepted / drafted")
-    ax.set_ylim(0, 1.05)
-    right = ax.twinx()
-    right.plot(cs, [points[c][1] for c in cs], marker="s", color="C1", label="mean accepted length")
-    right.set_ylabel("tokens per verify (accepted + 1)")
-    right.set_ylim(bottom=1)
-    ax.legend(handles=ax.lines + right.lines, loc="upper right")
     ax.set_title(f"The acceptance cliff at x = {config['draft_length']}\n{attrs['compressor']}, "
                  f"{os.path.basename(attrs['model_file'])}")
     save(fig, out_dir, "acceptance_cliff", ["ratio", "gamma", "mean_accepted"],
@@ -162,19 +163,10 @@ def context_length(f, attrs, config, out_dir):
     c = group(f, "context_sweep")
     if c is None:
         return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(c["prompt_tokens"], c["gamma"], marker="o", color="C0", label="acceptance rate gamma")
+    fig, ax = gamma_and_accepted(c["prompt_tokens"], c["gamma"], c["mean_accepted"], "prompt tokens", "lower left")
     ax.set_xscale("log", base=2)
     ax.set_xticks(c["prompt_tokens"], [f"{int(n)}" for n in c["prompt_tokens"]])
     ax.minorticks_off()
-    ax.set_xlabel("prompt tokens")
-    ax.set_ylabel("gamma: accepted / drafted")
-    ax.set_ylim(0, 1.05)
-    right = ax.twinx()
-    right.plot(c["prompt_tokens"], c["mean_accepted"], marker="s", color="C1", label="mean accepted length")
-    right.set_ylabel("tokens per verify (accepted + 1)")
-    right.set_ylim(bottom=1)
-    ax.legend(handles=ax.lines + right.lines, loc="lower left")
     ax.set_title(title(attrs, config, f"Acceptance against context length, x = {config['draft_length']}"))
     rows = [(int(n), g, m, int(k)) for n, g, m, k in zip(c["prompt_tokens"], c["gamma"], c["mean_accepted"], c["mismatches"])]
     save(fig, out_dir, "context_length", ["prompt_tokens", "gamma", "mean_accepted", "mismatches"], rows)
@@ -186,16 +178,8 @@ def temperature(f, attrs, config, out_dir):
         return
     gamma, _, tok_s = chosen_run(f, config)
     rows = [(0.0, gamma, tok_s)] + [(T, g, s) for T, g, s in zip(t["temperature"], t["gamma"], t["tok_s"])]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r[0] for r in rows], [r[1] for r in rows], marker="o", color="C0", label="acceptance rate gamma")
-    ax.set_xlabel("sampling temperature T (0: greedy)")
-    ax.set_ylabel("gamma: accepted / drafted")
-    ax.set_ylim(0, 1.05)
-    right = ax.twinx()
-    right.plot([r[0] for r in rows], [r[2] for r in rows], marker="s", color="C1", label="decode tokens/s (this machine)")
-    right.set_ylabel("decode tokens/s")
-    right.set_ylim(bottom=0)
-    ax.legend(handles=ax.lines + right.lines, loc="lower left")
+    fig, ax = gamma_and_accepted([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+                                 "sampling temperature T (0: greedy)", "lower left", "decode tokens/s", 0)
     ax.set_title(title(attrs, config, f"Acceptance and throughput against temperature, x = {config['draft_length']}"))
     save(fig, out_dir, "temperature", ["temperature", "gamma", "tok_s"], rows)
 
