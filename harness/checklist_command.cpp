@@ -482,10 +482,11 @@ Result<Sweeps> ratio_and_temperature_sweeps(const Setup& s, int64_t x, const std
     const std::vector<GenerationRequest> requests = sweep_ratio ? greedy : engine_requests(s, max_tokens, temperature);
     // For a sampled run the reference only sizes the comparison; its mismatches are not read.
     VC_ASSIGN_OR_RETURN(const FullKvComparison result, compare_with_full_kv(m, options, requests, reference));
-    int64_t tokens = 0, mismatches = 0;
+    int64_t tokens = 0, mismatches = 0, failed = 0;
     for (size_t p = 0; p < requests.size(); ++p) {
       tokens += static_cast<int64_t>(result.results[p].generation.tokens.size());
-      mismatches += result.mismatches[p] + (result.results[p].compressor_failure.empty() ? 0 : 1);
+      mismatches += result.mismatches[p];
+      failed += result.results[p].compressor_failure.empty() ? 0 : 1;
     }
     double decode_seconds = 0;
     for (const StepRecord& st : run.decode_steps) decode_seconds += st.seconds;
@@ -498,9 +499,11 @@ Result<Sweeps> ratio_and_temperature_sweeps(const Setup& s, int64_t x, const std
       trace["ratio_sweep/mean_accepted"].push_back(accepted);
       trace["ratio_sweep/tokens"].push_back(static_cast<double>(tokens));
       trace["ratio_sweep/mismatches"].push_back(static_cast<double>(mismatches));
+      trace["ratio_sweep/compressor_failures"].push_back(static_cast<double>(failed));
       trace["ratio_sweep/tok_s"].push_back(tok_s);
       out.all_identical = out.all_identical && mismatches == 0;
-      by_ratio += (by_ratio.empty() ? "" : ", ") + fmt("%g", ratio) + ": " + fmt("%.3f", gamma);
+      by_ratio += (by_ratio.empty() ? "" : ", ") + fmt("%g", ratio) + ": " + fmt("%.3f", gamma) +
+                  (failed ? " (" + std::to_string(failed) + " requests' compressor failed)" : "");
     } else {
       trace["temperature_sweep/temperature"].push_back(temperature);
       trace["temperature_sweep/ratio"].push_back(ratio);
@@ -509,6 +512,7 @@ Result<Sweeps> ratio_and_temperature_sweeps(const Setup& s, int64_t x, const std
       trace["temperature_sweep/mean_accepted"].push_back(accepted);
       trace["temperature_sweep/tokens"].push_back(static_cast<double>(tokens));
       trace["temperature_sweep/tok_s"].push_back(tok_s);
+      trace["temperature_sweep/compressor_failures"].push_back(static_cast<double>(failed));
       by_temperature += (by_temperature.empty() ? "" : ", ") + fmt("%g", temperature) + ": " + fmt("%.3f", gamma);
     }
     progress("2. Sweeps (c, T)", i + 1, total, start);
@@ -542,7 +546,8 @@ Result<Sweeps> context_sweep(const Setup& s, const std::vector<int32_t>& corpus,
     EngineRun run;
     options.sink = &run;
     VC_ASSIGN_OR_RETURN(const FullKvComparison result, compare_with_full_kv(m, options, requests, reference));
-    const int64_t mismatches = result.mismatches[0] + (result.results[0].compressor_failure.empty() ? 0 : 1);
+    const int64_t mismatches = result.mismatches[0];
+    const std::string& failure = result.results[0].compressor_failure;
     const auto tokens = static_cast<int64_t>(result.results[0].generation.tokens.size());
     double decode_seconds = 0;
     for (const StepRecord& st : run.decode_steps) decode_seconds += st.seconds;
@@ -555,9 +560,12 @@ Result<Sweeps> context_sweep(const Setup& s, const std::vector<int32_t>& corpus,
     trace["context_sweep/mean_accepted"].push_back(result.totals.mean_acceptance_length());
     trace["context_sweep/tokens"].push_back(static_cast<double>(tokens));
     trace["context_sweep/mismatches"].push_back(static_cast<double>(mismatches));
+    trace["context_sweep/compressor_failed"].push_back(failure.empty() ? 0.0 : 1.0);
     trace["context_sweep/tok_s"].push_back(decode_seconds > 0 ? static_cast<double>(tokens - 1) / decode_seconds : 0.0);
     out.all_identical = out.all_identical && mismatches == 0;
-    by_context += (by_context.empty() ? "" : ", ") + std::to_string(contexts[i]) + ": " + fmt("%.3f", gamma);
+    // A compressor that fails leaves the request on full KV (still lossless, nothing drafted): said, not hidden.
+    by_context += (by_context.empty() ? "" : ", ") + std::to_string(contexts[i]) + ": " +
+                  (failure.empty() ? fmt("%.3f", gamma) : "compressor failed (" + failure + ")");
     progress("2. Contexts", static_cast<int64_t>(i + 1), static_cast<int64_t>(contexts.size()), start);
   }
   if (!by_context.empty()) {
@@ -706,7 +714,7 @@ int run_checklist(int argc, char** argv) {
     ("temperatures", po::value(&temperatures_arg),
      "sampling temperatures of the sweep at (c, x) (default 0.3,0.7,1.0; --quick 0.7; none: skip)")
     ("contexts", po::value(&contexts_arg),
-     "prompt lengths (tokens) of the context sweep at (c, x), greedy (default 1024,2048,4096,8000; --quick 1024; "
+     "prompt lengths (tokens) of the context sweep at (c, x), greedy (default 1024,2048,4096,6000; --quick 1024; "
      "none: skip)")
     ("context-text", po::value(&context_text)->default_value(VC_DEFAULT_BENCH_TEXT),
      "the text the context sweep's prompts are cut from (its first N tokens)")
@@ -734,7 +742,7 @@ int run_checklist(int argc, char** argv) {
   std::vector<double> ratios, temperatures;
   std::vector<int64_t> contexts;
   try {
-    if (contexts_arg.empty()) contexts_arg = quick ? "1024" : "1024,2048,4096,8000";
+    if (contexts_arg.empty()) contexts_arg = quick ? "1024" : "1024,2048,4096,6000";
     if (contexts_arg != "none") contexts = parse_positive_list(contexts_arg, "contexts", 1 << 20);
     xs = parse_positive_list(xs_arg.empty() ? (quick ? "5,10,25" : "5,10,15,20,25,30,40") : xs_arg, "draft-lengths", 256);
     if (ratios_arg.empty()) ratios_arg = quick ? "0.1" : "0.5,0.35,0.25,0.15,0.1,0.05";

@@ -16,13 +16,14 @@
 //   acceptance/           x, request, drafted, accepted                     (verify window)
 //   acceptance_position/  x, position, drafted, accepted                    (draft position in a window)
 //   acceptance_summary/   x, gamma, mean_accepted, tokens, mismatches       (draft length)
-//   ratio_sweep/          ratio, x, gamma, mean_accepted, tokens, mismatches, tok_s
+//   ratio_sweep/          ratio, x, gamma, mean_accepted, tokens, mismatches, compressor_failures, tok_s
 //                                                                           (kept fraction c, greedy, at x;
 //                                                                            tok_s: decode tokens/s)
-//   temperature_sweep/    temperature, ratio, x, gamma, mean_accepted, tokens, tok_s
+//   temperature_sweep/    temperature, ratio, x, gamma, mean_accepted, tokens, compressor_failures, tok_s
 //                                                                           (temperature, sampled, at c, x)
 //   context_sweep/        context, prompt_tokens, ratio, x, gamma, mean_accepted, tokens, mismatches,
-//                         tok_s                                             (prompt length, greedy, at c, x)
+//                         compressor_failed, tok_s                          (prompt length, greedy, at c, x)
+//   (compressor failures: requests whose compressor failed and that decoded on full KV instead)
 //   end_to_end/           prompt, prompt_tokens, generated, mismatches, first_mismatch (-1: none)
 //   end_to_end_kl/        prompt, position, kl                              (output token of the end-to-end
 //                                                                            run: KL(p_full || p_VeriCache)
