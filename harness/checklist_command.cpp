@@ -319,6 +319,11 @@ struct EngineRun : public StatsSink {
   const std::vector<at::Tensor>* reference = nullptr;
   const Setup* setup = nullptr;
   std::vector<TokenKl> kls;
+  double decode_seconds() const {
+    double total = 0;
+    for (const StepRecord& st : decode_steps) total += st.seconds;
+    return total;
+  }
   void on_window(const WindowRecord& w) override { windows.push_back(w); }
   void on_step(const StepRecord& st) override {
     if (st.prefill_items == 0) decode_steps.push_back(st);
@@ -337,6 +342,17 @@ struct EngineRun : public StatsSink {
   }
 };
 
+// The engine at (ratio, x) on `requests`, recording into `run`, compared with `reference`.
+Result<FullKvComparison> run_engine(const Setup& s, double ratio, int64_t x, const std::vector<GenerationRequest>& requests,
+                                    const std::vector<GenerationResult>& reference, EngineRun* run) {
+  EngineOptions options;
+  options.compressor = s.compressor;
+  options.ratio = ratio;
+  options.draft_length = x;
+  options.sink = run;
+  return compare_with_full_kv(*s.model, options, requests, reference);
+}
+
 struct EngineSteps {
   Verdict acceptance, end_to_end;
   std::vector<EngineRun> runs;  // by draft length, in the order run
@@ -347,10 +363,9 @@ struct EngineSteps {
 // outputs identical at KL < 0.01 nats; our kernels are row-count invariant, so it is 0 here.
 constexpr double kMaxKl = 0.01;
 Result<EngineSteps> acceptance_and_end_to_end(const Setup& s, const std::vector<int64_t>& xs, int64_t chosen_x,
-                                              int64_t max_tokens, Trace& trace) {
+                                              const std::vector<GenerationRequest>& requests,
+                                              const std::vector<GenerationResult>& reference, Trace& trace) {
   const LlamaModel& m = *s.model;
-  const std::vector<GenerationRequest> requests = engine_requests(s, max_tokens, 0.0);
-  VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> reference, full_kv_reference(m, requests));
   std::vector<at::Tensor> reference_log_probs;
   for (size_t p = 0; p < requests.size(); ++p) {
     VC_ASSIGN_OR_RETURN(at::Tensor lp, full_kv_log_probs(m, s.prompts[p], reference[p].tokens));
@@ -364,18 +379,13 @@ Result<EngineSteps> acceptance_and_end_to_end(const Setup& s, const std::vector<
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < xs.size(); ++i) {
     const int64_t x = xs[i];
-    EngineOptions options;
-    options.compressor = s.compressor;
-    options.ratio = s.ratio;
-    options.draft_length = x;
     EngineRun& engine_run = out.runs.emplace_back();
     engine_run.x = x;
     if (x == chosen_x) {
       engine_run.reference = &reference_log_probs;
       engine_run.setup = &s;
     }
-    options.sink = &engine_run;
-    VC_ASSIGN_OR_RETURN(const FullKvComparison run, compare_with_full_kv(m, options, requests, reference));
+    VC_ASSIGN_OR_RETURN(const FullKvComparison run, run_engine(s, s.ratio, x, requests, reference, &engine_run));
     const RequestMetrics& totals = run.totals;
     int64_t mismatches = 0, tokens = 0, prompts_differing = 0;
     std::string failures;
@@ -460,12 +470,10 @@ struct Sweeps {
   std::string summary;
 };
 Result<Sweeps> ratio_and_temperature_sweeps(const Setup& s, int64_t x, const std::vector<double>& ratios,
-                                            const std::vector<double>& temperatures, int64_t max_tokens, Trace& trace) {
+                                            const std::vector<double>& temperatures, int64_t max_tokens,
+                                            const std::vector<GenerationRequest>& greedy,
+                                            const std::vector<GenerationResult>& reference, Trace& trace) {
   Sweeps out;
-  if (ratios.empty() && temperatures.empty()) return out;
-  const LlamaModel& m = *s.model;
-  const std::vector<GenerationRequest> greedy = engine_requests(s, max_tokens, 0.0);
-  VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> reference, full_kv_reference(m, greedy));
   const auto start = std::chrono::steady_clock::now();
   const auto total = static_cast<int64_t>(ratios.size() + temperatures.size());
   std::string by_ratio, by_temperature;
@@ -473,23 +481,17 @@ Result<Sweeps> ratio_and_temperature_sweeps(const Setup& s, int64_t x, const std
     const bool sweep_ratio = i < static_cast<int64_t>(ratios.size());
     const double ratio = sweep_ratio ? ratios[i] : s.ratio;
     const double temperature = sweep_ratio ? 0.0 : temperatures[i - ratios.size()];
-    EngineOptions options;
-    options.compressor = s.compressor;
-    options.ratio = ratio;
-    options.draft_length = x;
     EngineRun run;
-    options.sink = &run;
     const std::vector<GenerationRequest> requests = sweep_ratio ? greedy : engine_requests(s, max_tokens, temperature);
     // For a sampled run the reference only sizes the comparison; its mismatches are not read.
-    VC_ASSIGN_OR_RETURN(const FullKvComparison result, compare_with_full_kv(m, options, requests, reference));
+    VC_ASSIGN_OR_RETURN(const FullKvComparison result, run_engine(s, ratio, x, requests, reference, &run));
     int64_t tokens = 0, mismatches = 0, failed = 0;
     for (size_t p = 0; p < requests.size(); ++p) {
       tokens += static_cast<int64_t>(result.results[p].generation.tokens.size());
       mismatches += result.mismatches[p];
       failed += result.results[p].compressor_failure.empty() ? 0 : 1;
     }
-    double decode_seconds = 0;
-    for (const StepRecord& st : run.decode_steps) decode_seconds += st.seconds;
+    const double decode_seconds = run.decode_seconds();
     const double tok_s = decode_seconds > 0 ? static_cast<double>(tokens - static_cast<int64_t>(requests.size())) / decode_seconds : 0;
     const double gamma = result.totals.acceptance_rate(), accepted = result.totals.mean_acceptance_length();
     if (sweep_ratio) {
@@ -539,18 +541,12 @@ Result<Sweeps> context_sweep(const Setup& s, const std::vector<int32_t>& corpus,
     one.prompts = {std::move(prompt)};
     const std::vector<GenerationRequest> requests = engine_requests(one, max_tokens, 0.0);
     VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> reference, full_kv_reference(m, requests));
-    EngineOptions options;
-    options.compressor = s.compressor;
-    options.ratio = s.ratio;
-    options.draft_length = x;
     EngineRun run;
-    options.sink = &run;
-    VC_ASSIGN_OR_RETURN(const FullKvComparison result, compare_with_full_kv(m, options, requests, reference));
+    VC_ASSIGN_OR_RETURN(const FullKvComparison result, run_engine(s, s.ratio, x, requests, reference, &run));
     const int64_t mismatches = result.mismatches[0];
     const std::string& failure = result.results[0].compressor_failure;
     const auto tokens = static_cast<int64_t>(result.results[0].generation.tokens.size());
-    double decode_seconds = 0;
-    for (const StepRecord& st : run.decode_steps) decode_seconds += st.seconds;
+    const double decode_seconds = run.decode_seconds();
     const double gamma = result.totals.acceptance_rate();
     trace["context_sweep/context"].push_back(static_cast<double>(contexts[i]));
     trace["context_sweep/prompt_tokens"].push_back(static_cast<double>(requests[0].prompt.size()));
@@ -791,9 +787,13 @@ int run_checklist(int argc, char** argv) {
   auto kl = kl_growth(setup, kl_steps, trace);
   if (!kl.ok()) return report_error(kl.status());
   verdicts.push_back(*kl);
-  auto engine_steps = acceptance_and_end_to_end(setup, xs, x, max_tokens, trace);
+  // The full-KV greedy reference the engine runs of steps 2 and 4 are compared with, made once.
+  const std::vector<GenerationRequest> greedy = engine_requests(setup, max_tokens, 0.0);
+  auto reference = full_kv_reference(m, greedy);
+  if (!reference.ok()) return report_error(reference.status());
+  auto engine_steps = acceptance_and_end_to_end(setup, xs, x, greedy, *reference, trace);
   if (!engine_steps.ok()) return report_error(engine_steps.status());
-  auto sweeps = ratio_and_temperature_sweeps(setup, x, ratios, temperatures, max_tokens, trace);
+  auto sweeps = ratio_and_temperature_sweeps(setup, x, ratios, temperatures, max_tokens, greedy, *reference, trace);
   if (!sweeps.ok()) return report_error(sweeps.status());
   auto by_context = context_sweep(setup, corpus, contexts, x, max_tokens, trace);
   if (!by_context.ok()) return report_error(by_context.status());
