@@ -5,8 +5,8 @@
 //      (mean over prompts) against the step with a least-squares line. Holds: slope > 0, R^2 >= 0.9.
 //   2. Acceptance: the draft-verify engine at each draft length x: accepted length per verify,
 //      acceptance per draft position, gamma(x, c) = accepted / drafted; then at x, gamma as c falls
-//      (the acceptance cliff), as the temperature rises (sampled) and as the context grows (one
-//      prompt per length cut from a long text). Holds: every greedy run's
+//      (the acceptance cliff), as the temperature rises (sampled) and as the context grows (a few
+//      prompts per length cut from a long text). Holds: every greedy run's
 //      tokens are full-KV greedy decoding's.
 //   3. Throughput model: Eq. 3's iteration time at each x, its constants fitted to the forwards of
 //      the runs at the other draft lengths, against the measured one. Holds: median |error| <= 25%.
@@ -28,6 +28,7 @@
 #include <iostream>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -38,10 +39,12 @@
 #include "checklist_figures.h"
 #include "checklist_trace.h"
 #include "cli_common.h"
+#include "prompt_set.h"
 #include "commands.h"
 #include "engine/compression.h"
 #include "engine/compression_divergence.h"
 #include "engine/full_kv_comparison.h"
+#include "kv/packed_page_pool.h"
 #include "sim/forward_cost_fit.h"
 #include "sim/throughput_model.h"
 
@@ -105,17 +108,6 @@ void progress(const char* what, int64_t done, int64_t total, std::chrono::steady
   if (done == total) std::fprintf(stderr, "\n");
 }
 
-std::string run_output(const std::string& command) {
-  std::string out;
-  if (FILE* p = popen(command.c_str(), "r")) {
-    char buf[256];
-    while (fgets(buf, sizeof buf, p) != nullptr) out += buf;
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
 std::string hardware() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line, model = "unknown CPU";
@@ -171,46 +163,29 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
-struct PromptEntry {
-  std::string name;
-  bool chat = true;
-  std::string text;
-};
-
-// The first `count` prompts of a prompt-set file (datasets/*/prompts.json). NotFound when it cannot be
-// read (with how the long-code set is made); InvalidArgument naming the file for another shape or
-// fewer prompts than asked.
-Result<std::vector<PromptEntry>> read_prompt_set(const std::string& path, int64_t count) {
-  std::ifstream in(path);
-  if (!in) {
-    return Status::not_found(path + ": cannot read the prompt set (the long-code set is made by "
-                                    "harness/setup.sh, or python3 datasets/long_code/build_prompts.py)");
-  }
-  const auto j = nlohmann::json::parse(in, nullptr, false);
-  if (!j.is_object() || !j.contains("prompts") || !j["prompts"].is_array()) {
-    return Status::invalid_argument(path + ": not a prompt set (a JSON object with a \"prompts\" array)");
-  }
-  if (static_cast<int64_t>(j["prompts"].size()) < count) {
-    return Status::invalid_argument(path + " has " + std::to_string(j["prompts"].size()) + " prompts, " +
-                                    std::to_string(count) + " asked (--prompts)");
-  }
-  std::vector<PromptEntry> out;
-  for (int64_t i = 0; i < count; ++i) {
-    const auto& p = j["prompts"][i];
-    if (!p.is_object() || !p.contains("text") || !p["text"].is_string() || !p.contains("chat") || !p["chat"].is_boolean()) {
-      return Status::invalid_argument(path + ": prompt " + std::to_string(i) + " needs \"text\" (string) and \"chat\" (boolean)");
-    }
-    out.push_back({p.value("name", ""), p["chat"].get<bool>(), p["text"].get<std::string>()});
-  }
-  return out;
-}
-
 struct Setup {
   const LlamaModel* model = nullptr;
   Compressor* compressor = nullptr;
-  double ratio = 0.25;
+  double ratio = 0.25;  // a quantizer keeps every token: 1
   std::vector<std::vector<int32_t>> prompts;
+  bool quantizer() const { return compressor->family() == CompressorFamily::kQuantization; }
 };
+
+// The compressed cache of one prompt, as the engine holds it: a token dropper's kept slots, or a
+// quantizer's slots packed in whole blocks (into `packed`, made here) and its float tail.
+Status compress_prompt(const Setup& s, PagePool& pool, std::span<const int32_t> ids, SequenceKv& compressed,
+                       std::optional<PackedPagePool>& packed, std::optional<Packing>& packing) {
+  const LlamaModel& m = *s.model;
+  if (!s.quantizer()) return prefill_and_compress(m, pool, *s.compressor, s.ratio, ids, 0, compressed);
+  VC_ASSIGN_OR_RETURN(const PackedFormat format, checked_packed_format(*s.compressor, pool.spec()));
+  VC_ASSIGN_OR_RETURN(packed, PackedPagePool::create(pool.num_pages(), format.bytes_per_page));
+  packing = Packing{s.compressor, format, &*packed, /*request_id=*/0};
+  std::vector<int32_t> positions(ids.size());
+  std::iota(positions.begin(), positions.end(), 0);
+  const ForwardItem item{ids, positions, &compressed, &pool, LogitRows::kLast, 0};
+  at::Tensor logits;
+  return forward_with_quantizer(m, std::span(&item, 1), pool, &logits, *s.compressor, format, *packed, /*observe=*/true);
+}
 
 Result<Verdict> kl_growth(const Setup& s, int64_t steps, Trace& trace) {
   const LlamaModel& m = *s.model;
@@ -229,11 +204,16 @@ Result<Verdict> kl_growth(const Setup& s, int64_t steps, Trace& trace) {
     at::Tensor logits;
     VC_RETURN_IF_ERROR(m.forward(std::span(&item, 1), &logits));
     const auto first = static_cast<int32_t>(logits[0].argmax().item<int64_t>());
-    VC_RETURN_IF_ERROR(prefill_and_compress(m, pool, *s.compressor, s.ratio, ids, 0, compressed));
-    Compressor* online = s.compressor->mode() == CompressionMode::kOnline ? s.compressor : nullptr;
-    auto divergence = divergence_along_full_kv_greedy(m, pool, full, pool, compressed, first, n, steps, online, s.ratio);
+    std::optional<PackedPagePool> packed;
+    std::optional<Packing> packing;
+    Status compressing = compress_prompt(s, pool, ids, compressed, packed, packing);
+    Compressor* online = s.compressor->mode() == CompressionMode::kOnline && !s.quantizer() ? s.compressor : nullptr;
+    auto divergence = compressing.ok() ? divergence_along_full_kv_greedy(m, pool, full, pool, compressed, first, n, steps,
+                                                                         online, s.ratio, packing ? &*packing : nullptr)
+                                       : Result<std::vector<DivergenceStep>>(compressing);
     s.compressor->release(0);
     full.release(pool);
+    if (packed) compressed.release_packed(*packed);
     compressed.release(pool);
     VC_RETURN_IF_ERROR(divergence.status());
     double cumulative = 0;
@@ -319,6 +299,12 @@ struct EngineRun : public StatsSink {
   const std::vector<at::Tensor>* reference = nullptr;
   const Setup* setup = nullptr;
   std::vector<TokenKl> kls;
+  RequestMetrics totals;
+  // From the first decode forward's start to the last one's end: the decode phase's wall time.
+  double decode_wall_seconds() const {
+    if (decode_steps.empty()) return 0;
+    return decode_steps.back().start_seconds + decode_steps.back().seconds - decode_steps.front().start_seconds;
+  }
   double decode_seconds() const {
     double total = 0;
     for (const StepRecord& st : decode_steps) total += st.seconds;
@@ -387,6 +373,7 @@ Result<EngineSteps> acceptance_and_end_to_end(const Setup& s, const std::vector<
     }
     VC_ASSIGN_OR_RETURN(const FullKvComparison run, run_engine(s, s.ratio, x, requests, reference, &engine_run));
     const RequestMetrics& totals = run.totals;
+    engine_run.totals = totals;
     int64_t mismatches = 0, tokens = 0, prompts_differing = 0;
     std::string failures;
     for (size_t p = 0; p < requests.size(); ++p) {
@@ -527,48 +514,130 @@ Result<Sweeps> ratio_and_temperature_sweeps(const Setup& s, int64_t x, const std
   return out;
 }
 
-// Beyond the paper (part of step 2): acceptance at (c, x) against context length, one prompt per
-// context cut from the start of `corpus` (greedy, checked against full-KV decoding).
+// Beyond the paper (part of step 2): acceptance at (c, x) against context length: per context N,
+// `prompts` prompts of N tokens, the corpus's consecutive stretches [jN, (j + 1)N), run together
+// (greedy, checked against full-KV decoding); gamma pooled over them and per prompt.
 Result<Sweeps> context_sweep(const Setup& s, const std::vector<int32_t>& corpus, const std::vector<int64_t>& contexts,
-                             int64_t x, int64_t max_tokens, Trace& trace) {
+                             int64_t prompts, int64_t x, int64_t max_tokens, Trace& trace) {
   Sweeps out;
   const LlamaModel& m = *s.model;
   const auto start = std::chrono::steady_clock::now();
   std::string by_context;
   for (size_t i = 0; i < contexts.size(); ++i) {
-    VC_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, bench_prompt(m, corpus, contexts[i], ""));
     Setup one = s;
-    one.prompts = {std::move(prompt)};
+    one.prompts.clear();
+    for (int64_t j = 0; j < prompts; ++j) {
+      const std::vector<int32_t> stretch(corpus.begin() + j * contexts[i], corpus.end());
+      VC_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, bench_prompt(m, stretch, contexts[i], ""));
+      one.prompts.push_back(std::move(prompt));
+    }
     const std::vector<GenerationRequest> requests = engine_requests(one, max_tokens, 0.0);
     VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> reference, full_kv_reference(m, requests));
     EngineRun run;
     VC_ASSIGN_OR_RETURN(const FullKvComparison result, run_engine(s, s.ratio, x, requests, reference, &run));
-    const int64_t mismatches = result.mismatches[0];
-    const std::string& failure = result.results[0].compressor_failure;
-    const auto tokens = static_cast<int64_t>(result.results[0].generation.tokens.size());
+    int64_t mismatches = 0, tokens = 0, failed = 0;
+    std::string failures;
+    for (int64_t j = 0; j < prompts; ++j) {
+      const EngineResult& r = result.results[j];
+      mismatches += result.mismatches[j];
+      tokens += static_cast<int64_t>(r.generation.tokens.size());
+      // A compressor that fails leaves the request on full KV (still lossless, nothing drafted): said, not hidden.
+      if (!r.compressor_failure.empty()) {
+        ++failed;
+        if (failures.empty()) failures = r.compressor_failure;
+      }
+      double drafted = 0, accepted = 0;
+      for (const WindowRecord& w : run.windows) {
+        if (w.request_id != r.request_id) continue;
+        drafted += static_cast<double>(w.drafted);
+        accepted += static_cast<double>(w.accepted);
+      }
+      trace["context_sweep_prompt/context"].push_back(static_cast<double>(contexts[i]));
+      trace["context_sweep_prompt/prompt"].push_back(static_cast<double>(j));
+      trace["context_sweep_prompt/gamma"].push_back(drafted > 0 ? accepted / drafted : 0.0);
+      trace["context_sweep_prompt/mismatches"].push_back(static_cast<double>(result.mismatches[j]));
+    }
     const double decode_seconds = run.decode_seconds();
     const double gamma = result.totals.acceptance_rate();
     trace["context_sweep/context"].push_back(static_cast<double>(contexts[i]));
     trace["context_sweep/prompt_tokens"].push_back(static_cast<double>(requests[0].prompt.size()));
+    trace["context_sweep/prompts"].push_back(static_cast<double>(prompts));
     trace["context_sweep/ratio"].push_back(s.ratio);
     trace["context_sweep/x"].push_back(static_cast<double>(x));
     trace["context_sweep/gamma"].push_back(gamma);
     trace["context_sweep/mean_accepted"].push_back(result.totals.mean_acceptance_length());
     trace["context_sweep/tokens"].push_back(static_cast<double>(tokens));
     trace["context_sweep/mismatches"].push_back(static_cast<double>(mismatches));
-    trace["context_sweep/compressor_failed"].push_back(failure.empty() ? 0.0 : 1.0);
-    trace["context_sweep/tok_s"].push_back(decode_seconds > 0 ? static_cast<double>(tokens - 1) / decode_seconds : 0.0);
+    trace["context_sweep/compressor_failures"].push_back(static_cast<double>(failed));
+    trace["context_sweep/tok_s"].push_back(decode_seconds > 0 ? static_cast<double>(tokens - prompts) / decode_seconds : 0.0);
     out.all_identical = out.all_identical && mismatches == 0;
-    // A compressor that fails leaves the request on full KV (still lossless, nothing drafted): said, not hidden.
-    by_context += (by_context.empty() ? "" : ", ") + std::to_string(contexts[i]) + ": " +
-                  (failure.empty() ? fmt("%.3f", gamma) : "compressor failed (" + failure + ")");
+    by_context += (by_context.empty() ? "" : ", ") + std::to_string(contexts[i]) + ": " + fmt("%.3f", gamma) +
+                  (failed ? " (" + std::to_string(failed) + " requests' compressor failed: " + failures + ")" : "");
     progress("2. Contexts", static_cast<int64_t>(i + 1), static_cast<int64_t>(contexts.size()), start);
   }
   if (!by_context.empty()) {
-    out.summary = "; gamma by context (tokens) " + by_context +
+    out.summary = "; gamma by context (tokens, " + (prompts == 1 ? std::string("1 prompt") : std::to_string(prompts) + " prompts each") +
+                  ") " + by_context +
                   (out.all_identical ? " (every run identical)" : " (a run differs from full-KV decoding)");
   }
   return out;
+}
+
+// Part of step 4: decode speed at (c, x) on the prompt set, every request in one batch, on this
+// machine: full-KV decoding (the reference run), decoding on the compressed cache alone (the lossy
+// baseline a compressor paper serves; its greedy tokens compared with full-KV decoding's) and
+// VeriCache (the end-to-end run). Tokens after each request's first (which prefill gives) over the
+// decode phase's wall time. Returns the verdict's sentence.
+Result<std::string> decode_speeds(const Setup& s, const std::vector<GenerationRequest>& greedy,
+                                  const std::vector<GenerationResult>& reference, const GenerationStats& full,
+                                  const EngineRun& vericache, Trace& trace) {
+  const LlamaModel& m = *s.model;
+  const auto requests = static_cast<int64_t>(greedy.size());
+  int64_t longest = 0;
+  for (const GenerationRequest& r : greedy) longest = std::max<int64_t>(longest, static_cast<int64_t>(r.prompt.size()));
+  // An offline compressor's scoring forwards (KVzip's reconstruction) need room beside the cache.
+  const int64_t extra = s.compressor->mode() == CompressionMode::kOffline ? longest + 2200 : 0;
+  VC_ASSIGN_OR_RETURN(PagePool pool, m.make_page_pool(16, Generator::pages_needed(m, 16, greedy, extra)));
+  GeneratorOptions options;
+  options.compressor = s.compressor;
+  options.ratio = s.ratio;
+  Generator generator(m, pool, options);
+  GenerationStats lossy;
+  VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> lossy_out, generator.generate(greedy, {}, &lossy));
+  int64_t lossy_mismatches = 0, reference_tokens = 0;
+  for (size_t p = 0; p < greedy.size(); ++p) {
+    const std::vector<int32_t>& got = lossy_out[p].tokens;
+    const std::vector<int32_t>& want = reference[p].tokens;
+    reference_tokens += static_cast<int64_t>(want.size());
+    for (size_t t = 0; t < std::max(got.size(), want.size()); ++t) {
+      lossy_mismatches += t >= got.size() || t >= want.size() || got[t] != want[t];
+    }
+  }
+  struct Mode {
+    double tokens, seconds, mismatches, kv_bytes;
+  };
+  const Mode modes[] = {
+      {static_cast<double>(full.generated_tokens - requests), full.decode_seconds, 0, static_cast<double>(full.full_kv_bytes)},
+      {static_cast<double>(lossy.generated_tokens - requests), lossy.decode_seconds, static_cast<double>(lossy_mismatches),
+       static_cast<double>(lossy.resident_kv_bytes)},
+      {static_cast<double>(vericache.totals.generated_tokens - requests), vericache.decode_wall_seconds(), 0,
+       static_cast<double>(vericache.totals.resident_kv_bytes)}};
+  double tok_s[3];
+  for (int i = 0; i < 3; ++i) {
+    tok_s[i] = modes[i].seconds > 0 ? modes[i].tokens / modes[i].seconds : 0;
+    trace["decode_speed/mode"].push_back(i);
+    trace["decode_speed/requests"].push_back(static_cast<double>(requests));
+    trace["decode_speed/tokens"].push_back(modes[i].tokens);
+    trace["decode_speed/seconds"].push_back(modes[i].seconds);
+    trace["decode_speed/tok_s"].push_back(tok_s[i]);
+    trace["decode_speed/mismatches"].push_back(modes[i].mismatches);
+    trace["decode_speed/kv_bytes"].push_back(modes[i].kv_bytes);
+  }
+  return "; decode tok/s, " + std::to_string(requests) + " requests in one batch on this machine: full KV " +
+         fmt("%.1f", tok_s[0]) + ", the compressed cache alone " + fmt("%.1f", tok_s[1]) + " (lossy: " +
+         std::to_string(lossy_mismatches) + " of " + std::to_string(reference_tokens) +
+         " greedy tokens differ from full-KV decoding), VeriCache " + fmt("%.1f", tok_s[2]) + " (" +
+         fmt("%.2f", tok_s[0] > 0 ? tok_s[2] / tok_s[0] : 0.0) + "x full KV)";
 }
 
 // Step 3: Eq. 3's iteration time against the engine's, at every draft length. Eq. 3 reads bytes
@@ -688,7 +757,7 @@ int run_checklist(int argc, char** argv) {
       prompt_set_path, python, context_text;
   std::vector<std::string> plugin_dirs;
   double ratio = 0.25;
-  int64_t x = 25, n_prompts = 0, kl_steps = 0, max_tokens = 0;
+  int64_t x = 25, n_prompts = 0, kl_steps = 0, max_tokens = 0, context_prompts = 0;
   bool quick = false;
   int threads = 0;
   po::options_description desc(
@@ -699,21 +768,24 @@ int run_checklist(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("compressor", po::value(&compressor_arg)->default_value("kvzip"), "token-dropping plugin name or path")
+    ("compressor", po::value(&compressor_arg)->default_value("kvzip"),
+     "plugin name or path: a token dropper, or a quantizer (which keeps every token: no -c, no c sweep)")
     ("params", po::value(&params)->default_value("{}"), "the compressor's parameters as a JSON object")
     ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c in (0, 1]")
     ("draft-length,x", po::value(&x)->default_value(25), "the end-to-end step's draft length")
     ("draft-lengths", po::value(&xs_arg), "the acceptance step's draft lengths (default 5,10,15,20,25,30,40; --quick 5,10,25)")
     ("ratios", po::value(&ratios_arg),
      "kept fractions c of the acceptance-cliff sweep at x, greedy (default 0.5,0.35,0.25,0.15,0.1,0.05; --quick 0.1; "
-     "none: skip)")
+     "none: skip); the run's own c is measured once, by the acceptance step")
     ("temperatures", po::value(&temperatures_arg),
      "sampling temperatures of the sweep at (c, x) (default 0.3,0.7,1.0; --quick 0.7; none: skip)")
     ("contexts", po::value(&contexts_arg),
      "prompt lengths (tokens) of the context sweep at (c, x), greedy (default 1024,2048,4096,6000; --quick 1024; "
      "none: skip)")
+    ("context-prompts", po::value(&context_prompts),
+     "prompts per length in the context sweep, run together (default 3; --quick 1)")
     ("context-text", po::value(&context_text)->default_value(VC_DEFAULT_BENCH_TEXT),
-     "the text the context sweep's prompts are cut from (its first N tokens)")
+     "the text the context sweep's prompts are cut from (for length N, prompt j is its tokens [jN, (j + 1)N))")
     ("prompt-set", po::value(&prompt_set_path)->default_value(VC_CHECKLIST_PROMPTS),
      "prompt set (JSON: {\"prompts\": [{\"name\", \"chat\", \"text\"}]}), e.g. datasets/long_code/prompts.json")
     ("prompts", po::value(&n_prompts), "the set's first N prompts to run (default 4; --quick 2)")
@@ -729,11 +801,12 @@ int run_checklist(int argc, char** argv) {
   po::variables_map vm;
   const std::string example = "Examples:\n  vericache checklist --quick\n  vericache checklist --compressor snapkv -c 0.1 -x 16\n";
   const std::vector<OptionRange> ranges{kRatioRange, kThreadsRange, {"draft-length", 1, 256}, {"prompts", 1, 50},
-                                        {"kl-steps", 2, 4096}, {"max-tokens", 1, 4096}};
+                                        {"kl-steps", 2, 4096}, {"max-tokens", 1, 4096}, {"context-prompts", 1, 16}};
   if (auto done = parse_command_line("checklist", desc, example, argc, argv, &vm, ranges)) return *done;
   if (n_prompts == 0) n_prompts = quick ? 2 : 4;
   if (kl_steps == 0) kl_steps = quick ? 32 : 128;
   if (max_tokens == 0) max_tokens = quick ? 24 : 64;
+  if (context_prompts == 0) context_prompts = quick ? 1 : 3;
   std::vector<int64_t> xs;
   std::vector<double> ratios, temperatures;
   std::vector<int64_t> contexts;
@@ -749,6 +822,7 @@ int run_checklist(int argc, char** argv) {
     return report_usage_error("checklist", e.what());
   }
   if (std::find(xs.begin(), xs.end(), x) == xs.end()) xs.push_back(x);
+  ratios.erase(std::remove(ratios.begin(), ratios.end(), ratio), ratios.end());
   auto prompt_set = read_prompt_set(prompt_set_path, n_prompts);
   if (!prompt_set.ok()) return report_status("checklist", prompt_set.status());
   set_threads(threads);
@@ -759,14 +833,19 @@ int run_checklist(int argc, char** argv) {
   std::string plugin_path;
   auto compressor = load_compressor_for(compressor_arg, params, plugin_dirs, m, &plugin_path);
   if (!compressor.ok()) return report_status("checklist", compressor.status());
-  if ((*compressor)->family() != CompressorFamily::kTokenDropping) {
-    return report_usage_error("checklist", (*compressor)->name() +
-                                               " is a quantizer; this version of the checklist runs token droppers");
+  // A quantizer keeps every token (c = 1): no kept fraction to set or sweep; its bits are parameters.
+  if ((*compressor)->family() == CompressorFamily::kQuantization) {
+    if (!vm["ratio"].defaulted()) return report_usage_error("checklist", quantizer_ratio_error((*compressor)->name()));
+    if (vm.count("ratios") && ratios_arg != "none") {
+      return report_usage_error("checklist", quantizer_ratio_error((*compressor)->name(), "--ratios"));
+    }
+    ratio = 1.0;
+    ratios.clear();
   }
   if (Status fit = check_contexts_fit(m, contexts, max_tokens, x + 1); !fit.ok()) return report_status("checklist", fit);
   std::vector<int32_t> corpus;
   if (!contexts.empty()) {
-    auto text = bench_corpus(m, context_text, *std::max_element(contexts.begin(), contexts.end()));
+    auto text = bench_corpus(m, context_text, *std::max_element(contexts.begin(), contexts.end()) * context_prompts);
     if (!text.ok()) return report_status("checklist", text.status());
     corpus = std::move(*text);
   }
@@ -789,20 +868,26 @@ int run_checklist(int argc, char** argv) {
   verdicts.push_back(*kl);
   // The full-KV greedy reference the engine runs of steps 2 and 4 are compared with, made once.
   const std::vector<GenerationRequest> greedy = engine_requests(setup, max_tokens, 0.0);
-  auto reference = full_kv_reference(m, greedy);
+  GenerationStats full_stats;
+  auto reference = full_kv_reference(m, greedy, 16, &full_stats);
   if (!reference.ok()) return report_error(reference.status());
   auto engine_steps = acceptance_and_end_to_end(setup, xs, x, greedy, *reference, trace);
   if (!engine_steps.ok()) return report_error(engine_steps.status());
   auto sweeps = ratio_and_temperature_sweeps(setup, x, ratios, temperatures, max_tokens, greedy, *reference, trace);
   if (!sweeps.ok()) return report_error(sweeps.status());
-  auto by_context = context_sweep(setup, corpus, contexts, x, max_tokens, trace);
+  auto by_context = context_sweep(setup, corpus, contexts, context_prompts, x, max_tokens, trace);
   if (!by_context.ok()) return report_error(by_context.status());
   Verdict acceptance = engine_steps->acceptance;
   if (!sweeps->all_identical || !by_context->all_identical) acceptance.holds = 0;
   acceptance.summary += sweeps->summary + by_context->summary + " (holds: every greedy run identical)";
   verdicts.push_back(acceptance);
   verdicts.push_back(throughput_model(setup, engine_steps->runs, x, max_tokens, trace));
+  const auto chosen = std::find_if(engine_steps->runs.begin(), engine_steps->runs.end(),
+                                   [&](const EngineRun& r) { return r.x == x; });
+  auto speeds = decode_speeds(setup, greedy, *reference, full_stats, *chosen, trace);
+  if (!speeds.ok()) return report_error(speeds.status());
   verdicts.push_back(engine_steps->end_to_end);
+  verdicts.back().summary += *speeds;
 
   nlohmann::json verdict_json = nlohmann::json::array();
   for (const Verdict& v : verdicts) {
@@ -811,14 +896,17 @@ int run_checklist(int argc, char** argv) {
   }
   const nlohmann::json config{{"compressor", compressor_arg}, {"params", params}, {"ratio", ratio}, {"draft_length", x},
                               {"draft_lengths", xs}, {"ratios", ratios}, {"temperatures", temperatures},
-                              {"contexts", contexts}, {"context_text", context_text},
+                              {"contexts", contexts}, {"context_prompts", context_prompts},
+                              {"context_text", context_text},
                               {"prompts", n_prompts}, {"kl_steps", kl_steps},
                               {"max_tokens", max_tokens}, {"quick", quick}, {"prompt_set", prompt_set_path}};
   Hdf5Table table = trace.table();
   table.attributes = {{"command", command_line(argc, argv)},
                       {"git_commit", [] {
-                         const std::string c = run_output("git -C " + std::string(VC_SOURCE_DIR) + " rev-parse HEAD 2>/dev/null");
-                         return c.empty() ? std::string("unknown") : c;
+                         std::string c;
+                         if (run_shell("git -C " + shell_quoted(VC_SOURCE_DIR) + " rev-parse HEAD", &c) != 0) return std::string("unknown");
+                         while (!c.empty() && c.back() == '\n') c.pop_back();
+                         return c;
                        }()},
                       {"model_file", m.path()},
                       {"model_fingerprint", m.shape().fingerprint},

@@ -2,10 +2,10 @@
 // string attributes on the root group), written once at the end of the run beside its destination
 // and renamed over it, so an interrupted run leaves no half-written trace.
 //
-// Layout "vericache-checklist", version 2 (version 1 lacked the sweeps, end_to_end_kl/,
-// iterations/ and throughput_model/).
+// Layout "vericache-checklist", version 3 (version 2 lacked decode_speed/; version 1 also the
+// sweeps, end_to_end_kl/, iterations/ and throughput_model/).
 // Root attributes (strings):
-//   format "vericache-checklist"; version "1"; command; git_commit (of the source tree, or
+//   format "vericache-checklist"; version "3"; command; git_commit (of the source tree, or
 //   "unknown"); model_file; model_fingerprint; compressor; plugin_path; config (the run's options,
 //   JSON); seed; hardware (CPU model and threads); libraries (JSON: vericache, torch, hdf5);
 //   verdicts (JSON: one object per step with "step", "name", "holds", "summary").
@@ -21,10 +21,19 @@
 //                                                                            tok_s: decode tokens/s)
 //   temperature_sweep/    temperature, ratio, x, gamma, mean_accepted, tokens, compressor_failures, tok_s
 //                                                                           (temperature, sampled, at c, x)
-//   context_sweep/        context, prompt_tokens, ratio, x, gamma, mean_accepted, tokens, mismatches,
-//                         compressor_failed, tok_s                          (prompt length, greedy, at c, x)
+//   context_sweep/        context, prompt_tokens, prompts, ratio, x, gamma, mean_accepted, tokens,
+//                         mismatches, compressor_failures, tok_s            (prompt length, greedy, at c, x;
+//                                                                            its prompts run together, pooled)
+//   context_sweep_prompt/ context, prompt, gamma, mismatches                 (prompt of a length)
 //   (compressor failures: requests whose compressor failed and that decoded on full KV instead)
 //   end_to_end/           prompt, prompt_tokens, generated, mismatches, first_mismatch (-1: none)
+//   decode_speed/         mode (0 full KV, 1 the compressed cache alone, 2 VeriCache), requests, tokens,
+//                         seconds, tok_s, mismatches, kv_bytes               (decoding mode at (c, x), every
+//                                                                            request in one batch: tokens after
+//                                                                            each request's first over the decode
+//                                                                            wall time; mismatches: greedy tokens
+//                                                                            unlike full-KV decoding's; kv_bytes:
+//                                                                            the caches' bytes at the end)
 //   end_to_end_kl/        prompt, position, kl                              (output token of the end-to-end
 //                                                                            run: KL(p_full || p_VeriCache)
 //                                                                            of its distribution, nats)
@@ -52,7 +61,7 @@
 namespace vericache::cli {
 
 inline constexpr const char* kChecklistFormat = "vericache-checklist";
-inline constexpr int kChecklistVersion = 2;
+inline constexpr int kChecklistVersion = 3;
 
 // Writes `table` (its columns as above) with the format and version attributes added.
 Status write_checklist_trace(const std::string& path, Hdf5Table table);

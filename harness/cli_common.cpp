@@ -13,6 +13,8 @@
 #include <sstream>
 #include <thread>
 
+#include <sys/wait.h>
+
 #include "loader/plugin_loader.h"
 #include "util/check.h"
 #include "util/thread_pool.h"
@@ -132,9 +134,24 @@ Result<std::vector<int32_t>> prompt_tokens(const LlamaModel& model, const std::s
   return ids;
 }
 
-std::string quantizer_ratio_error(const std::string& compressor) {
-  return "--ratio does not apply to a quantizer: " + compressor +
+std::string quantizer_ratio_error(const std::string& compressor, const std::string& option) {
+  return option + " does not apply to a quantizer: " + compressor +
          " keeps every token, its bit width sets the size (--params '{\"bits\": 4}')";
+}
+
+std::string shell_quoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+int run_shell(const std::string& command, std::string* output) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p) != nullptr) *output += buf;
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 void set_threads(int threads) {

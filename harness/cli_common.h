@@ -70,8 +70,14 @@ Result<std::vector<int32_t>> prompt_tokens(const LlamaModel& model, const std::s
 Result<std::vector<int32_t>> corpus_tokens(const LlamaModel& model, const std::string& path, int64_t passages,
                                            int64_t passage_tokens);
 
-// The refusal of --ratio with a quantizer: it keeps every token, its bit width sets the size.
-std::string quantizer_ratio_error(const std::string& compressor);
+// The refusal of --ratio (or `option`) with a quantizer: it keeps every token, its bit width sets the size.
+std::string quantizer_ratio_error(const std::string& compressor, const std::string& option = "--ratio");
+
+// `s` as one word for the shell.
+std::string shell_quoted(const std::string& s);
+// Runs `command` through the shell with stderr joined to stdout; its exit status (-1 when it could
+// not run or did not exit) and, appended to `output`, what it printed.
+int run_shell(const std::string& command, std::string* output);
 
 // Sets the kernel thread pool and libtorch's intra-op threads: `threads` if positive, else every
 // hardware thread.

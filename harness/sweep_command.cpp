@@ -10,8 +10,11 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "profile_options.h"
+#include "window_trace.h"
+#include "sim/acceptance_model.h"
 #include "sim/simulator.h"
 #include "sim/throughput_model.h"
+#include "util/check.h"
 #include "util/hdf5_table.h"
 #include "util/output_file.h"
 
@@ -25,13 +28,13 @@ const std::vector<std::string> kColumns = {
     "rho", "link_gb_s", "kv_fraction", "draft_length", "ratio", "batch", "policy", "ok",
     "tok_s", "eq3_tok_s_cycle", "eq3_tok_s_paper", "full_kv_tok_s", "stall_s", "link_busy",
     "peak_memory_gb", "peak_streamed_gb", "fits_memory", "drafts_per_verify", "tokens_per_verify", "iterations",
-    "simulated_s"};
+    "simulated_s", "full_kv_fit_batch", "full_kv_fit_tok_s"};
 
 }  // namespace
 
 int run_sweep(int argc, char** argv) {
   ProfileOptions profiles;
-  std::string rhos_arg, fractions_arg, drafts_arg, ratios_arg, batches_arg, policies_arg, out_path;
+  std::string rhos_arg, fractions_arg, drafts_arg, ratios_arg, batches_arg, policies_arg, out_path, trace_path;
   int64_t context = 0, requests = 0, output_tokens = 0, window = 0, seed = 0;
   double alpha = 0;
   po::options_description desc(
@@ -40,8 +43,10 @@ int run_sweep(int argc, char** argv) {
       "column per quantity (rho, link_gb_s, kv_fraction, draft_length, ratio, batch, policy [0 staggered,\n"
       "1 lockstep, 2 no-overlap], ok [0: the configuration cannot run, e.g. memory too small; its results\n"
       "are NaN], tok_s, eq3_tok_s_cycle, eq3_tok_s_paper, full_kv_tok_s, stall_s, link_busy, peak_memory_gb,\n"
-      "peak_streamed_gb, fits_memory, drafts_per_verify, tokens_per_verify, iterations, simulated_s) and\n"
-      "attributes naming the command and the profiles.\n\nOptions");
+      "peak_streamed_gb, fits_memory, drafts_per_verify, tokens_per_verify, iterations, simulated_s,\n"
+      "full_kv_fit_batch, full_kv_fit_tok_s [full-KV decoding at the largest batch whose full caches fit the\n"
+      "KV budget, from bytes / bandwidth: the baseline of Fig. 13]) and attributes naming the command, the\n"
+      "profiles and the acceptance.\n\nOptions");
   desc.add_options()("help,h", "print this help and exit");
   add_profile_options(desc, &profiles);
   // clang-format off
@@ -58,13 +63,18 @@ int run_sweep(int argc, char** argv) {
     ("requests", po::value(&requests)->default_value(24), "requests per configuration")
     ("output-tokens", po::value(&output_tokens)->default_value(512), "tokens each request generates")
     ("alpha", po::value(&alpha)->default_value(0.95), "probability that a drafted token is accepted")
+    ("acceptance-trace", po::value(&trace_path),
+     "HDF5 verify windows the engine ran (a checklist trace.h5, or `vericache bench-reload --windows-out`): "
+     "acceptance by position in the window, estimated from them, instead of --alpha")
     ("window", po::value(&window)->default_value(64), "W: iterations the scheduler plans ahead")
     ("seed", po::value(&seed)->default_value(1), "acceptance random seed");
   // clang-format on
   po::variables_map vm;
   const std::string examples =
       "Example:\n"
-      "  vericache sweep --weights-gb 48 --kv-full-gb 5 --rhos 10,20,30,40,50,60 --ratios 0.1,0.2,0.3 -o sweep.h5\n";
+      "  vericache sweep --weights-gb 48 --kv-full-gb 5 --rhos 10,20,30,40,50,60 --ratios 0.1,0.2,0.3 -o sweep.h5\n"
+      "  vericache sweep --kv-fractions 0.2,0.5,0.74 --batches 4,8,16,32 \\\n"
+      "      --acceptance-trace results/runs/checklist-20261203-041744-kvzip/trace.h5 -o budget.h5\n";
   std::vector<OptionRange> ranges = profile_option_ranges();
   ranges.insert(ranges.end(), {{"context", 1, 1e9},
                                {"requests", 1, 1e6},
@@ -74,6 +84,15 @@ int run_sweep(int argc, char** argv) {
                                {"seed", 0, 9e15}});
   if (auto done = parse_command_line("sweep", desc, examples, argc, argv, &vm, ranges)) return *done;
   if (out_path.empty()) return report_usage_error("sweep", "--out is required");
+  if (!trace_path.empty() && !vm["alpha"].defaulted()) {
+    return report_usage_error("sweep", "--alpha and --acceptance-trace exclude each other");
+  }
+  std::vector<double> position_alphas;
+  if (!trace_path.empty()) {
+    auto acceptance = read_trace_acceptance(trace_path);
+    if (!acceptance.ok()) return report_status("sweep", acceptance.status());
+    position_alphas = std::move(acceptance->position_alphas);
+  }
   std::vector<double> rhos, fractions, ratios;
   std::vector<int64_t> drafts, batches;
   std::vector<sched::ReloadPolicy> policies;
@@ -105,7 +124,9 @@ int run_sweep(int argc, char** argv) {
                       {"hardware", p->hardware.name},
                       {"model_shape", p->shape.name},
                       {"policies", "0 staggered, 1 lockstep, 2 no-overlap"},
-                      {"kv_fraction", "share of (device memory - weights) for compressed and streamed full caches"}};
+                      {"kv_fraction", "share of (device memory - weights) for compressed and streamed full caches"},
+                      {"acceptance", trace_path.empty() ? "alpha " + std::to_string(alpha)
+                                                        : "by draft position, from the windows of " + trace_path}};
   size_t done = 0, refused = 0;
   std::string first_refusal;
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -122,6 +143,7 @@ int run_sweep(int argc, char** argv) {
               c.requests = requests;
               c.ratio = ratio;
               c.alpha = alpha;
+              c.position_alphas = position_alphas;
               c.policy = policy;
               c.draft_length = x;
               c.window = window;
@@ -132,20 +154,28 @@ int run_sweep(int argc, char** argv) {
               for (size_t k = 0; k < std::size(in_row); ++k) table.columns[k].push_back(in_row[k]);
               auto r = x + 1 < window ? sim::simulate(c)
                                       : Result<sim::SimulationResult>(Status::invalid_argument("need x + 1 < W"));
+              const double gamma =
+                  position_alphas.empty()
+                      ? sim::gamma_for_alpha(alpha, x)
+                      : sim::expected_accepted_by_position(position_alphas, x) / static_cast<double>(x);
               sim::LongContextInputs in{c.weight_bytes, p->kv_full_bytes, c.hbm_bandwidth, c.link_bandwidth,
-                                        std::min(batch, requests), ratio, x, sim::gamma_for_alpha(alpha, x)};
+                                        std::min(batch, requests), ratio, x, gamma};
               const sim::LongContextEstimate e = sim::estimate_long_context(in);
+              const sim::FullKvAtBudget full = sim::full_kv_at_budget(
+                  c.weight_bytes, p->kv_full_bytes, c.hbm_bandwidth, fraction * (c.memory_bytes - c.weight_bytes));
               std::vector<double> out_row;
               if (r.ok()) {
                 out_row = {1, r->tok_s, e.tok_s_cycle, e.tok_s_paper, e.full_kv_tok_s, r->stall_seconds,
                            r->link_busy_fraction, r->peak_memory_bytes / 1e9, r->peak_streamed_bytes / 1e9,
                            r->fits_memory ? 1.0 : 0.0, r->mean_drafts_per_verify, r->mean_acceptance_length,
-                           static_cast<double>(r->iterations), r->seconds};
+                           static_cast<double>(r->iterations), r->seconds, static_cast<double>(full.batch), full.tok_s};
               } else {
                 ++refused;
                 if (first_refusal.empty()) first_refusal = r.status().message();
-                out_row = {0, nan, e.tok_s_cycle, e.tok_s_paper, e.full_kv_tok_s, nan, nan, nan, nan, nan, nan, nan, nan, nan};
+                out_row = {0,   nan, e.tok_s_cycle, e.tok_s_paper, e.full_kv_tok_s, nan, nan, nan, nan, nan, nan, nan, nan,
+                           nan, static_cast<double>(full.batch), full.tok_s};
               }
+              VC_CHECK(std::size(in_row) + out_row.size() == kColumns.size(), "a row for every column");
               for (size_t k = 0; k < out_row.size(); ++k) table.columns[std::size(in_row) + k].push_back(out_row[k]);
               ++done;
               if (done % std::max<size_t>(1, total / 10) == 0 || done == total) {

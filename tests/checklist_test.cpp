@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,7 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   EXPECT_NE(r.out.find("; at x = 25 Eq. 3 predicts "), std::string::npos) << r.out;
   ASSERT_EQ(r.exit_code, step3_holds ? 0 : 1) << r.out << r.err;
   for (const char* line : {"\n1. KL growth         HOLDS         mean KL ", "\n2. Acceptance        HOLDS         gamma(x, c = 0.25) for x = 5: ", "; at x = 25, gamma by c 0.1: ",
-                           "; gamma by temperature (sampled) 0.7: ", "; gamma by context (tokens) 1024: ",
+                           "; gamma by temperature (sampled) 0.7: ", "; gamma by context (tokens, 1 prompt) 1024: ",
                            "\n4. End-to-end        HOLDS         0 token mismatches in 48 tokens of 2 prompts (0 prompts differ); "
                            "KL(full-KV || VeriCache) per token over 48 tokens: mean 0, max 0 nats;"}) {
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
@@ -60,6 +61,9 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   auto context_mismatches = read_hdf5_column(trace, "context_sweep/mismatches");
   ASSERT_TRUE(context_mismatches.ok());
   EXPECT_EQ(*context_mismatches, (std::vector<double>{0}));
+  auto context_prompts = read_hdf5_column(trace, "context_sweep_prompt/prompt");
+  ASSERT_TRUE(context_prompts.ok());
+  EXPECT_EQ(*context_prompts, (std::vector<double>{0}));
   auto predicted = read_hdf5_column(trace, "throughput_model/predicted_iteration_s");
   ASSERT_TRUE(predicted.ok());
   ASSERT_EQ(predicted->size(), 3u);
@@ -76,10 +80,36 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
     ASSERT_TRUE(mismatches.ok()) << column;
     for (double v : *mismatches) EXPECT_EQ(v, 0.0) << column;
   }
+  // Decode speed of the three modes: VeriCache decodes full KV's tokens from a smaller resident cache;
+  // the compressed cache alone holds as little and its output may differ.
+  const auto column = [&](const char* name) {
+    auto c = read_hdf5_column(trace, std::string("decode_speed/") + name);
+    EXPECT_TRUE(c.ok()) << name;
+    return c.ok() ? *c : std::vector<double>{};
+  };
+  EXPECT_EQ(column("mode"), (std::vector<double>{0, 1, 2}));
+  const std::vector<double> tokens = column("tokens"), mismatches = column("mismatches"), kv_bytes = column("kv_bytes");
+  ASSERT_EQ(tokens.size(), 3u);
+  EXPECT_EQ(tokens[0], 46.0);  // 2 prompts x 24 tokens, less the first of each (prefill's)
+  EXPECT_EQ(tokens[2], tokens[0]);
+  EXPECT_EQ(mismatches[0], 0.0);
+  EXPECT_EQ(mismatches[2], 0.0);
+  EXPECT_LT(kv_bytes[1], 0.5 * kv_bytes[0]);
+  EXPECT_LT(kv_bytes[2], 0.5 * kv_bytes[0]);
+  for (double t : column("tok_s")) EXPECT_GT(t, 0.0);
+  EXPECT_NE(r.out.find("; decode tok/s, 2 requests in one batch on this machine: full KV "), std::string::npos) << r.out;
+  // Its verify windows drive the simulator's acceptance.
+  auto windows = read_hdf5_column(trace, "acceptance/drafted");
+  ASSERT_TRUE(windows.ok());
+  const CliRun sim = run_vericache("simulate --json --weights-gb 48 --kv-full-gb 5 --requests 6 --output-tokens 100 "
+                                   "--acceptance-trace " + trace);
+  ASSERT_EQ(sim.exit_code, 0) << sim.err;
+  EXPECT_EQ(nlohmann::json::parse(sim.out)["trace_windows"].get<size_t>(), windows->size());
+
   const std::string figures = std::filesystem::path(trace).parent_path().string() + "/figures";
-  EXPECT_NE(r.out.find("figures: " + figures + " (8 PNG, each with its data as CSV)\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("figures: " + figures + " (9 PNG, each with its data as CSV)\n"), std::string::npos) << r.out;
   for (const char* name : {"kl_growth", "acceptance", "acceptance_position", "accepted_lengths", "acceptance_cliff",
-                           "temperature", "context_length", "throughput_model"}) {
+                           "temperature", "context_length", "throughput_model", "decode_speed"}) {
     for (const char* ext : {".png", ".csv"}) {
       EXPECT_GT(std::filesystem::file_size(figures + "/" + name + ext), 0u) << name << ext;
     }
@@ -111,15 +141,72 @@ TEST(Checklist, FiguresErrorsSayWhatToDo) {
   const CliRun missing = run_vericache("figures " + dir);
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_EQ(missing.err, "vericache: error: " + dir + "/trace.h5: no such trace (a checklist run folder holds trace.h5)\n");
-  Hdf5Table old{{"kl_growth/kl"}, {{0.1}}, {{"format", "vericache-checklist"}, {"version", "1"}}};
+  Hdf5Table old{{"kl_growth/kl"}, {{0.1}}, {{"format", "vericache-checklist"}, {"version", "2"}}};
   ASSERT_TRUE(write_hdf5_table(dir + "/trace.h5", old).ok());
-  const CliRun v1 = run_vericache("figures " + dir);
-  EXPECT_EQ(v1.exit_code, 1);
-  EXPECT_EQ(v1.err, "vericache: error: " + dir + "/trace.h5: checklist trace version 1; this vericache reads version 2\n");
+  const CliRun v2 = run_vericache("figures " + dir);
+  EXPECT_EQ(v2.exit_code, 1);
+  EXPECT_EQ(v2.err, "vericache: error: " + dir + "/trace.h5: checklist trace version 2; this vericache reads version 3\n");
   const CliRun two = run_vericache("figures " + dir + " " + dir);
   EXPECT_EQ(two.exit_code, 2);
   EXPECT_EQ(two.err, "vericache figures: too many positional options have been specified on the command line\n"
                      "Run 'vericache figures --help' for the options.\n");
+}
+
+// A quantizer runs the checklist too: it keeps every token (c = 1, no c sweep), its cache is packed
+// as the engine packs one, and VeriCache is still full-KV decoding token for token. -c is refused.
+TEST(Checklist, QuantizerRunsWithoutAKeptFraction) {
+  const std::string out = testing::temp_dir() + "/runs";
+  const CliRun r = run_vericache("checklist --quick --compressor kivi --draft-lengths 5,10 -x 10 --temperatures none "
+                                 "--contexts none --kl-steps 16 --max-tokens 16 --out-dir " + out);
+  ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 1) << r.out << r.err;  // step 3 is timing (see above)
+  for (const char* line : {"vericache checklist: kivi on ", ", c = 1, x = 10, 2 prompts\n",
+                           "\n1. KL growth         HOLDS         mean KL ",
+                           "\n2. Acceptance        HOLDS         gamma(x, c = 1) for x = 5: ",
+                           "\n4. End-to-end        HOLDS         0 token mismatches in 32 tokens of 2 prompts"}) {
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  }
+  EXPECT_EQ(r.out.find("gamma by c"), std::string::npos) << r.out;
+  std::vector<std::string> traces;
+  for (const auto& run : std::filesystem::directory_iterator(out)) traces.push_back(run.path().string() + "/trace.h5");
+  ASSERT_EQ(traces.size(), 1u);
+  EXPECT_FALSE(read_hdf5_column(traces[0], "ratio_sweep/ratio").ok());
+  auto kl = read_hdf5_column(traces[0], "kl_growth/kl");
+  ASSERT_TRUE(kl.ok());
+  double sum = 0;
+  for (double v : *kl) sum += v;
+  EXPECT_GT(sum, 0.0);  // 4-bit codes are not the float cache
+  auto kv_bytes = read_hdf5_column(traces[0], "decode_speed/kv_bytes");
+  ASSERT_TRUE(kv_bytes.ok());
+  EXPECT_LT((*kv_bytes)[2], 0.5 * (*kv_bytes)[0]);
+  // The paper's other figures (harness/checklist/paper_figures.py) draw from such traces.
+  const std::string paper = testing::temp_dir() + "/paper";
+  const CliRun figures = testing::run_command(std::string(VC_PYTHON) + " " +
+                                              testing::source_path("harness/checklist/paper_figures.py") +
+                                              " --vericache " + VC_BINARY + " --acceptance-trace " + traces[0] +
+                                              " --traces " + traces[0] + " --out " + paper);
+  ASSERT_EQ(figures.exit_code, 0) << figures.out << figures.err;
+  for (const char* name : {"fig6_lockstep_vs_staggered", "fig13_kv_budget", "fig13_rho", "fig14_frontier",
+                           "fig15_compressors"}) {
+    for (const char* ext : {".png", ".csv"}) {
+      EXPECT_GT(std::filesystem::file_size(paper + "/" + name + ext), 0u) << name << ext;
+    }
+  }
+  std::ifstream summary_file(paper + "/summary.md");
+  const std::string summary((std::istreambuf_iterator<char>(summary_file)), std::istreambuf_iterator<char>());
+  for (const char* line : {"- Fig. 6, simulated (staggered): ", "- Fig. 6, simulated (lockstep): ",
+                           "- Fig. 13 (kv_fraction), our acceptance", "- Fig. 13 (rho), paper's acceptance",
+                           "- Fig. 14/15, kivi default bits ("}) {
+    EXPECT_NE(summary.find(line), std::string::npos) << line << "\n" << summary;
+  }
+  const CliRun ratio = run_vericache("checklist --compressor kivi -c 0.5 --out-dir " + out);
+  EXPECT_EQ(ratio.exit_code, 2);
+  EXPECT_EQ(ratio.err, "vericache checklist: --ratio does not apply to a quantizer: kivi keeps every token, its bit "
+                       "width sets the size (--params '{\"bits\": 4}')\nRun 'vericache checklist --help' for the "
+                       "options.\n");
+  const CliRun ratios = run_vericache("checklist --compressor kivi --ratios 0.5 --out-dir " + out);
+  EXPECT_EQ(ratios.exit_code, 2);
+  EXPECT_EQ(ratios.err.rfind("vericache checklist: --ratios does not apply to a quantizer: kivi keeps", 0), 0u)
+      << ratios.err;
 }
 
 // Prompt sets are checked before the model loads, with what to do.
@@ -127,8 +214,9 @@ TEST(Checklist, PromptSetErrorsSayWhatToDo) {
   const std::string dir = testing::temp_dir();
   const CliRun missing = run_vericache("checklist --prompt-set " + dir + "/none.json");
   EXPECT_EQ(missing.exit_code, 1);
-  EXPECT_EQ(missing.err, "vericache: error: " + dir + "/none.json: cannot read the prompt set (the long-code set is made "
-                         "by harness/setup.sh, or python3 datasets/long_code/build_prompts.py)\n");
+  EXPECT_EQ(missing.err, "vericache: error: " + dir + "/none.json: cannot read the prompt set (the long-code, long-docs, "
+                         "code-task and function-calling sets are made by harness/setup.sh, or python3 "
+                         "datasets/<set>/build_prompts.py)\n");
   std::ofstream(dir + "/one.json") << R"({"prompts": [{"name": "a", "chat": false, "text": "hello"}]})";
   const CliRun few = run_vericache("checklist --prompts 3 --prompt-set " + dir + "/one.json");
   EXPECT_EQ(few.exit_code, 2);
@@ -144,10 +232,10 @@ TEST(Checklist, PromptSetErrorsSayWhatToDo) {
 // A trace of another version or format is refused by name; columns of one group must agree in length.
 TEST(Checklist, TraceReaderRefusesOtherVersionsAndFormats) {
   const std::string dir = testing::temp_dir();
-  Hdf5Table t{{"kl_growth/kl"}, {{0.1, 0.2}}, {{"format", "vericache-checklist"}, {"version", "1"}}};
-  ASSERT_TRUE(write_hdf5_table(dir + "/v1.h5", t).ok());
-  EXPECT_EQ(cli::read_checklist_attributes(dir + "/v1.h5").status().message(),
-            dir + "/v1.h5: checklist trace version 1; this vericache reads version 2");
+  Hdf5Table t{{"kl_growth/kl"}, {{0.1, 0.2}}, {{"format", "vericache-checklist"}, {"version", "2"}}};
+  ASSERT_TRUE(write_hdf5_table(dir + "/v2.h5", t).ok());
+  EXPECT_EQ(cli::read_checklist_attributes(dir + "/v2.h5").status().message(),
+            dir + "/v2.h5: checklist trace version 2; this vericache reads version 3");
   t.attributes = {{"format", "vericache-sweep"}, {"version", "1"}};
   ASSERT_TRUE(write_hdf5_table(dir + "/sweep.h5", t).ok());
   EXPECT_EQ(cli::read_checklist_attributes(dir + "/sweep.h5").status().message(),

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <set>
 #include <sstream>
 #include <string>
@@ -191,6 +192,40 @@ TEST(Cli, SweepWritesEveryConfigurationToHdf5) {
     }
   }
   EXPECT_EQ(matched, 1);
+  // Full-KV decoding at the largest batch whose full caches fit the budget: (96 - 50) GB holds
+  // eleven 4 GB caches, each step streaming 50 + 44 GB at 1.6 TB/s; 5% of it holds none.
+  auto fit_batch = read_hdf5_column(out, "full_kv_fit_batch");
+  auto fit_tok_s = read_hdf5_column(out, "full_kv_fit_tok_s");
+  ASSERT_TRUE(fit_batch.ok() && fit_tok_s.ok());
+  for (size_t i = 0; i < fit_batch->size(); ++i) {
+    EXPECT_EQ((*fit_batch)[i], (*fraction)[i] == 1 ? 11.0 : 0.0) << i;
+    EXPECT_NEAR((*fit_tok_s)[i], (*fraction)[i] == 1 ? 11 * 1600.0 / 94.0 : 0.0, 1e-9) << i;
+  }
+  // Every iteration of a simulation, for the timeline of Fig. 6: lockstep holds all ten full caches
+  // at once, staggered one or two.
+  double peak[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    const std::string policy = k == 0 ? "lockstep" : "staggered";
+    const std::string file = testing::temp_dir() + "/" + policy + ".h5";
+    const CliRun sim = run_vericache("simulate " + machine + " -c 0.25 -x 30 -b 10 --link-gb-s 64 --json --policy " +
+                                     policy + " --iterations-out " + file);
+    ASSERT_EQ(sim.exit_code, 0) << sim.err;
+    const auto j = nlohmann::json::parse(sim.out);
+    auto memory = read_hdf5_column(file, "memory_gb");
+    auto tokens = read_hdf5_column(file, "tokens");
+    ASSERT_TRUE(memory.ok() && tokens.ok());
+    EXPECT_EQ(static_cast<int64_t>(memory->size()), j["iterations"].get<int64_t>());
+    EXPECT_EQ(std::accumulate(tokens->begin(), tokens->end(), 0.0), j["tokens"].get<double>());
+    peak[k] = *std::max_element(memory->begin(), memory->end());
+    EXPECT_DOUBLE_EQ(peak[k], j["peak_memory_bytes"].get<double>() / 1e9);
+    EXPECT_EQ(*read_hdf5_attribute(file, "policy"), policy);
+  }
+  // M + B KV_comp + B KV_full, and M + B KV_comp + 2 KV_full; the caches grow by the tokens decoded
+  // (300 of 40,000 each: under 1 GB here).
+  EXPECT_GE(peak[0], 50 + 10 * 0.25 * 4 + 10 * 4);
+  EXPECT_LT(peak[0], 50 + 10 * 0.25 * 4 + 10 * 4 + 1);
+  EXPECT_GE(peak[1], 50 + 10 * 0.25 * 4 + 2 * 4);
+  EXPECT_LT(peak[1], 50 + 10 * 0.25 * 4 + 2 * 4 + 1);
   EXPECT_EQ(read_hdf5_column(out, "missing").status().message(), out + ": no column 'missing'");
   r = run_vericache("sweep --rhos 10,x -o " + out);
   EXPECT_EQ(r.exit_code, 2);

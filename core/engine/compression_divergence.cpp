@@ -87,10 +87,10 @@ Result<std::vector<DivergenceStep>> divergence_along_full_kv_greedy(const LlamaM
                                                                     SequenceKv& full, PagePool& compressed_pool,
                                                                     SequenceKv& compressed, int32_t first_token,
                                                                     int64_t start, int64_t steps, Compressor* online,
-                                                                    double ratio) {
+                                                                    double ratio, const Packing* packing) {
   auto reference = full_kv_greedy_reference(model, full_pool, full, first_token, start, steps);
   if (!reference.ok()) return reference.status();
-  return divergence_along(model, *reference, compressed_pool, compressed, start, online, ratio);
+  return divergence_along(model, *reference, compressed_pool, compressed, start, online, ratio, packing);
 }
 
 }  // namespace vericache

@@ -55,7 +55,8 @@ Result<std::vector<DivergenceStep>> divergence_along_full_kv_greedy(const LlamaM
                                                                     SequenceKv& full, PagePool& compressed_pool,
                                                                     SequenceKv& compressed, int32_t first_token,
                                                                     int64_t start, int64_t steps,
-                                                                    Compressor* online = nullptr, double ratio = 1.0);
+                                                                    Compressor* online = nullptr, double ratio = 1.0,
+                                                                    const Packing* packing = nullptr);
 
 // KL(p || q) in nats of the softmax distributions of two logit rows of length `vocab`, in double.
 double kl_divergence_of_logits(const float* p_logits, const float* q_logits, int64_t vocab);

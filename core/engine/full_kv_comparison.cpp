@@ -5,10 +5,10 @@
 namespace vericache {
 
 Result<std::vector<GenerationResult>> full_kv_reference(const LlamaModel& model, std::span<const GenerationRequest> requests,
-                                                        int64_t page_size) {
+                                                        int64_t page_size, GenerationStats* stats) {
   VC_ASSIGN_OR_RETURN(PagePool pool, model.make_page_pool(page_size, Generator::pages_needed(model, page_size, requests)));
   Generator generator(model, pool);
-  return generator.generate(requests);
+  return generator.generate(requests, {}, stats);
 }
 
 Result<FullKvComparison> compare_with_full_kv(const LlamaModel& model, const EngineOptions& options,

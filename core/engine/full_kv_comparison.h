@@ -23,9 +23,10 @@ struct FullKvComparison {
   std::vector<int64_t> first_mismatch;  // per request: the first such position, -1 when identical
 };
 
-// Full-KV greedy decoding of `requests` (Generator): the reference.
+// Full-KV greedy decoding of `requests` (Generator, all in one batch): the reference. `stats`
+// (optional) receives the Generator's counts and times.
 Result<std::vector<GenerationResult>> full_kv_reference(const LlamaModel& model, std::span<const GenerationRequest> requests,
-                                                        int64_t page_size = 16);
+                                                        int64_t page_size = 16, GenerationStats* stats = nullptr);
 
 // Runs `requests` together on a DraftVerifyEngine with `options` (pools sized to hold them all) and
 // compares every request's tokens with `reference` (full_kv_reference of the same requests).

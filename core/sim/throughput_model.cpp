@@ -35,6 +35,17 @@ LongContextEstimate estimate_long_context(const LongContextInputs& in) {
   return e;
 }
 
+FullKvAtBudget full_kv_at_budget(double weight_bytes, double kv_full_bytes, double hbm_bandwidth, double kv_budget_bytes) {
+  VC_CHECK(weight_bytes >= 0 && kv_full_bytes > 0 && hbm_bandwidth > 0, "sizes and bandwidths must be positive");
+  FullKvAtBudget f;
+  f.batch = kv_budget_bytes > 0 ? static_cast<int64_t>(std::floor(kv_budget_bytes / kv_full_bytes)) : 0;
+  if (f.batch > 0) {
+    const auto b = static_cast<double>(f.batch);
+    f.tok_s = b * hbm_bandwidth / (weight_bytes + b * kv_full_bytes);
+  }
+  return f;
+}
+
 RemotePrefixEstimate estimate_remote_prefix(const RemotePrefixInputs& in) {
   VC_CHECK(in.kv_full_bytes > 0 && in.slow_link_bandwidth > 0 && in.fast_link_bandwidth > 0,
            "sizes and bandwidths must be positive");

@@ -56,6 +56,15 @@ struct LongContextEstimate {
 // parse them (an assertion here).
 LongContextEstimate estimate_long_context(const LongContextInputs& in);
 
+// Full-KV decoding at the largest batch whose full caches fit in `kv_budget_bytes`, every step
+// streaming M + batch*KV_full: what full-KV decoding gets out of a KV budget. batch 0 and tok_s 0
+// when not one request fits.
+struct FullKvAtBudget {
+  int64_t batch = 0;
+  double tok_s = 0;
+};
+FullKvAtBudget full_kv_at_budget(double weight_bytes, double kv_full_bytes, double hbm_bandwidth, double kv_budget_bytes);
+
 // gamma when each of x drafts is accepted with probability alpha until the first rejection:
 // E[accepted] / x = alpha (1 - alpha^x) / ((1 - alpha) x); 1 at alpha = 1.
 double gamma_for_alpha(double alpha, int64_t x);

@@ -14,12 +14,12 @@ Schema (the same as datasets/lossless_prompts/prompts.json, read by `vericache c
 
     python3 datasets/long_code/build_prompts.py [--out datasets/long_code/prompts.json]
 """
-import argparse
-import hashlib
-import json
 import pathlib
 import re
 import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import prompt_sets  # noqa: E402
 
 ROOT = pathlib.Path("/usr/lib/python3.11")
 # module, characters of context (about 4 characters per token), SHA-256 of the file in
@@ -47,45 +47,25 @@ TASK = ("\n\nThe code above is the beginning of the Python module `{module}`. Wr
         "function per behaviour, and explain in one sentence what each test checks.")
 
 
-def cut(text, limit):
-    """The text up to `limit` characters, ending at a line boundary."""
-    if len(text) <= limit:
-        return text
-    return text[: text.rfind("\n", 0, limit) + 1]
-
-
 def last_definition(code):
     names = re.findall(r"^(?:def|class) ([A-Za-z_][A-Za-z0-9_]*)", code, flags=re.M)
     return names[-1] if names else None
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(pathlib.Path(__file__).with_name("prompts.json")))
-    parser.add_argument("--any-source", action="store_true", help="accept source files that differ from the pinned ones")
-    args = parser.parse_args()
+    args = prompt_sets.arguments(__file__, __doc__.split("\n\n")[0], pinned_files=True)
     prompts, sources = [], {}
     for module, limit, pinned in MODULES:
-        path = ROOT / module
-        if not path.is_file():
-            sys.exit(f"{path}: missing (Debian packages libpython3.11-minimal and libpython3.11-stdlib)")
-        data = path.read_bytes()
-        digest = hashlib.sha256(data).hexdigest()
-        sources[module] = digest
-        if pinned and digest != pinned and not args.any_source:
-            sys.exit(f"{path}: SHA-256 {digest}, the prompt set was made from {pinned} (use --any-source to accept)")
-        code = cut(data.decode("utf-8"), limit)
+        data, sources[module] = prompt_sets.pinned_file(ROOT / module, pinned, args.any_source,
+                                                        "Debian packages libpython3.11-minimal and libpython3.11-stdlib")
+        code = prompt_sets.cut(data.decode("utf-8"), limit)
         name = last_definition(code)
         if name is None:
-            sys.exit(f"{path}: no top-level def or class in the first {limit} characters")
+            sys.exit(f"{ROOT / module}: no top-level def or class in the first {limit} characters")
         prompts.append({"name": f"long_code_{module.replace('/', '_').removesuffix('.py')}", "chat": True,
                         "text": code + TASK.format(module=module.removesuffix(".py").replace("/", "."), name=name)})
-    out = {"source": "CPython 3.11 standard library, /usr/lib/python3.11 (Debian libpython3.11-stdlib); PSF License 2.0",
-           "sources_sha256": sources, "prompts": prompts}
-    text = json.dumps(out, indent=1, ensure_ascii=False) + "\n"
-    pathlib.Path(args.out).write_text(text, encoding="utf-8")
-    print(f"{args.out}: {len(prompts)} prompts, {len(text)} bytes, SHA-256 {hashlib.sha256(text.encode()).hexdigest()}")
-
+    prompt_sets.write_prompt_set(args.out, "CPython 3.11 standard library, /usr/lib/python3.11 (Debian "
+                                 "libpython3.11-stdlib); PSF License 2.0", sources, prompts)
 
 if __name__ == "__main__":
     main()

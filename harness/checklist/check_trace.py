@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks a `vericache checklist` trace (layout "vericache-checklist" version 2, documented in
+"""Checks a `vericache checklist` trace (layout "vericache-checklist" version 3, documented in
 harness/checklist_trace.h) with h5py: attributes, groups, column names, lengths against the run's
 configuration, and the four verdicts. Exit status 0 and one summary line when it conforms;
 1 and the first problem otherwise.
@@ -7,51 +7,29 @@ configuration, and the four verdicts. Exit status 0 and one summary line when it
     .venv/bin/python harness/checklist/check_trace.py results/runs/checklist-.../trace.h5
 """
 import json
+import os
 import sys
 
-import h5py
-
-ATTRIBUTES = ["format", "version", "command", "git_commit", "model_file", "model_fingerprint", "compressor",
-              "plugin_path", "config", "seed", "hardware", "libraries", "verdicts"]
-GROUPS = {
-    "kl_growth": ["prompt", "step", "kl", "same_argmax", "cumulative_kl"],
-    "kl_growth_mean": ["step", "mean_cumulative_kl", "fit"],
-    "acceptance": ["x", "request", "drafted", "accepted"],
-    "acceptance_position": ["x", "position", "drafted", "accepted"],
-    "acceptance_summary": ["x", "gamma", "mean_accepted", "tokens", "mismatches"],
-    "ratio_sweep": ["ratio", "x", "gamma", "mean_accepted", "tokens", "mismatches", "compressor_failures", "tok_s"],
-    "temperature_sweep": ["temperature", "ratio", "x", "gamma", "mean_accepted", "tokens", "compressor_failures", "tok_s"],
-    "context_sweep": ["context", "prompt_tokens", "ratio", "x", "gamma", "mean_accepted", "tokens", "mismatches",
-                      "compressor_failed", "tok_s"],
-    "end_to_end": ["prompt", "prompt_tokens", "generated", "mismatches", "first_mismatch"],
-    "end_to_end_kl": ["prompt", "position", "kl"],
-    "iterations": ["x", "seconds", "draft_items", "verify_items", "rows", "kv_slots_read"],
-    "throughput_model": ["x", "measured_iteration_s", "predicted_iteration_s", "error", "eq3_bytes_s", "request_s",
-                         "row_s", "bandwidth_bytes_per_s", "weight_bytes", "kv_full_bytes", "calibration_forwards",
-                         "measured_forwards"],
-}
-
-
-def text(value):
-    return value.decode() if isinstance(value, bytes) else str(value)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trace_format import ATTRIBUTES, GROUPS, attributes, format_problem, open_trace  # noqa: E402
 
 
 def check(path):
-    with h5py.File(path, "r") as f:
-        attrs = {k: text(v) for k, v in f.attrs.items()}
+    with open_trace(path) as f:
+        attrs = attributes(f)
         missing = [a for a in ATTRIBUTES if a not in attrs]
         if missing:
             return f"missing attributes: {', '.join(missing)}"
-        if attrs["format"] != "vericache-checklist" or attrs["version"] != "2":
-            return f"format {attrs['format']} version {attrs['version']}, expected vericache-checklist 2"
+        if format_problem(attrs):
+            return format_problem(attrs)
         config = json.loads(attrs["config"])
         verdicts = json.loads(attrs["verdicts"])
         lengths = {}
         for group, columns in GROUPS.items():
             if group == "throughput_model" and verdicts[2]["holds"] is None and group not in f:
                 continue  # step 3 not measured
-            if (group, config.get(group.split("_")[0] + "s")) in (("ratio_sweep", []), ("temperature_sweep", []),
-                                                                ("context_sweep", [])):
+            if (group.removesuffix("_prompt"), config.get(group.split("_")[0] + "s")) in (
+                    ("ratio_sweep", []), ("temperature_sweep", []), ("context_sweep", [])):
                 continue  # a sweep skipped with "none"
             if group not in f:
                 return f"no group {group}"
@@ -71,6 +49,11 @@ def check(path):
         for group, key in (("ratio_sweep", "ratios"), ("temperature_sweep", "temperatures"), ("context_sweep", "contexts")):
             if group in lengths and lengths[group] != len(config[key]):
                 return f"{group} has {lengths[group]} rows for {len(config[key])} {key}"
+        if "context_sweep" in lengths and lengths["context_sweep_prompt"] != len(config["contexts"]) * config["context_prompts"]:
+            return f"context_sweep_prompt has {lengths['context_sweep_prompt']} rows for {len(config['contexts'])} " \
+                   f"contexts x {config['context_prompts']} prompts"
+        if list(f["decode_speed"]["mode"][:]) != [0, 1, 2]:
+            return f"decode_speed/mode {list(f['decode_speed']['mode'][:])} != [0, 1, 2]"
         if lengths["end_to_end"] != prompts:
             return f"end_to_end has {lengths['end_to_end']} rows for {prompts} prompts"
         if "throughput_model" in lengths and list(f["throughput_model"]["x"][:]) != config["draft_lengths"]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws the figures of a `vericache checklist` trace (layout "vericache-checklist" version 2,
+"""Draws the figures of a `vericache checklist` trace (layout "vericache-checklist" version 3,
 harness/checklist_trace.h) with matplotlib, reading the trace with h5py. Each figure is a PNG with
 the data behind it as a CSV of the same name:
 
@@ -11,9 +11,13 @@ the data behind it as a CSV of the same name:
   accepted_lengths     how many drafts each verify accepted, at the run's x
   acceptance_cliff     gamma and mean accepted length at x as the kept fraction c falls
   temperature          gamma and decode tokens/s at (c, x) against the sampling temperature
-  context_length       gamma and mean accepted length at (c, x) against the prompt's length
+  context_length       gamma (pooled over the prompts of a length, and each prompt's) and mean accepted
+                       length at (c, x) against the prompt's length
   throughput_model     Eq. 3's iteration time against the measured one, per x
-(the last four are absent when their sweep or step 3 did not run)
+  decode_speed         decode tokens/s of full-KV decoding, of the compressed cache alone (lossy) and
+                       of VeriCache at (c, x), with how many greedy tokens each gets wrong
+(acceptance_cliff, temperature, context_length and throughput_model are absent when their sweep or
+step 3 did not run)
 
     .venv/bin/python harness/checklist/figures.py RUN/trace.h5 RUN/figures
 
@@ -25,21 +29,13 @@ import json
 import os
 import sys
 
-import h5py
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
-FORMAT, VERSION = "vericache-checklist", "2"
-
-
-def text(value):
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def group(f, name):
-    return {column: f[name][column][:] for column in f[name]} if name in f else None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trace_format import DECODE_MODES, attributes, format_problem, group, open_trace  # noqa: E402
 
 
 def save(fig, out_dir, name, header, rows):
@@ -164,12 +160,17 @@ def context_length(f, attrs, config, out_dir):
     if c is None:
         return
     fig, ax = gamma_and_accepted(c["prompt_tokens"], c["gamma"], c["mean_accepted"], "prompt tokens", "lower left")
-    ax.set_xscale("log", base=2)
+    each = group(f, "context_sweep_prompt")
+    ax.scatter(each["context"], each["gamma"], color="C0", alpha=0.4, s=14)
     ax.set_xticks(c["prompt_tokens"], [f"{int(n)}" for n in c["prompt_tokens"]])
     ax.minorticks_off()
-    ax.set_title(title(attrs, config, f"Acceptance against context length, x = {config['draft_length']}"))
-    rows = [(int(n), g, m, int(k)) for n, g, m, k in zip(c["prompt_tokens"], c["gamma"], c["mean_accepted"], c["mismatches"])]
-    save(fig, out_dir, "context_length", ["prompt_tokens", "gamma", "mean_accepted", "mismatches"], rows)
+    ax.set_title(title(attrs, config, f"Acceptance against context length, x = {config['draft_length']} "
+                                      f"(dots: each of {config['context_prompts']} prompts)"))
+    rows = [(int(n), "all", g, m, int(k)) for n, g, m, k in
+            zip(c["prompt_tokens"], c["gamma"], c["mean_accepted"], c["mismatches"])]
+    rows += [(int(n), int(p), g, "", int(k)) for n, p, g, k in
+             zip(each["context"], each["prompt"], each["gamma"], each["mismatches"])]
+    save(fig, out_dir, "context_length", ["prompt_tokens", "prompt", "gamma", "mean_accepted", "mismatches"], rows)
 
 
 def temperature(f, attrs, config, out_dir):
@@ -202,15 +203,30 @@ def throughput_model(f, attrs, config, out_dir):
     save(fig, out_dir, "throughput_model", ["x", "measured_iteration_s", "predicted_iteration_s", "error"], rows)
 
 
+def decode_speed(f, attrs, config, out_dir):
+    d = group(f, "decode_speed")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bars = ax.bar(DECODE_MODES, d["tok_s"], color=["0.6", "C3", "C0"])
+    for bar, wrong in zip(bars, d["mismatches"]):
+        ax.annotate(f"{int(wrong)} tokens unlike full KV", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize="small")
+    ax.set_ylabel("decode tokens/s (this machine)")
+    ax.set_title(title(attrs, config, f"Decode speed at x = {config['draft_length']}, "
+                                      f"{int(d['requests'][0])} requests in one batch"))
+    rows = [(DECODE_MODES[int(m)], t, s, r, int(w), int(b)) for m, t, s, r, w, b in
+            zip(d["mode"], d["tokens"], d["seconds"], d["tok_s"], d["mismatches"], d["kv_bytes"])]
+    save(fig, out_dir, "decode_speed", ["mode", "tokens", "seconds", "tok_s", "mismatches", "kv_bytes"], rows)
+
+
 def draw(trace, out_dir):
-    with h5py.File(trace, "r") as f:
-        attrs = {k: text(v) for k, v in f.attrs.items()}
-        if attrs.get("format") != FORMAT or attrs.get("version") != VERSION:
-            return f"format {attrs.get('format')} version {attrs.get('version')}; this script draws {FORMAT} {VERSION}"
+    with open_trace(trace) as f:
+        attrs = attributes(f)
+        if format_problem(attrs):
+            return format_problem(attrs)
         config = json.loads(attrs["config"])
         os.makedirs(out_dir, exist_ok=True)
         for figure in (kl_growth, acceptance, acceptance_position, accepted_lengths, acceptance_cliff, temperature,
-                       context_length, throughput_model):
+                       context_length, throughput_model, decode_speed):
             figure(f, attrs, config, out_dir)
     return None
 
