@@ -1,6 +1,7 @@
 // GPU checks (ctest label gpu; built in CUDA builds, run on a machine with a CUDA device): the
-// paged-KV CUDA kernels against the CPU kernels, their row invariance, and the model's forward on
-// the GPU against the CPU kernels.
+// paged-KV CUDA kernels against the CPU kernels, their row invariance, the row-count-invariant
+// linear and RMSNorm kernels (bitwise), and the model's forward on the GPU: against the CPU
+// kernels, and a window of rows bitwise equal to one-row decoding.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -83,6 +84,85 @@ TEST(GpuKernels, WriteKvPagesMatchesIndexPut) {
   v_ref.index_put_({page, Slice(), off, Slice()}, v);
   EXPECT_TRUE(at::equal(k_pages, k_ref));
   EXPECT_TRUE(at::equal(v_pages, v_ref));
+}
+
+// Each row of a launch of M rows equals, bit for bit, the same row in launches of other sizes; and
+// the result is at::linear's up to rounding. Shapes cover partial tiles, K not a multiple of the
+// K tile, and K not a multiple of 8 (the plain kernel for 16-bit types).
+TEST(GpuKernels, InvariantLinearRowsDoNotDependOnTheRowCount) {
+  REQUIRE_CUDA_DEVICE();
+  at::manual_seed(3);
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (const int64_t in : {576, 1000, 100}) {
+      const int64_t out = 1000, all_rows = 130;
+      const auto o = at::TensorOptions().dtype(dtype).device(at::kCUDA);
+      const at::Tensor x = (at::randn({all_rows, in}) * 0.5).to(o), w = (at::randn({out, in}) * 0.05).to(o);
+      const at::Tensor bias = (at::randn({out}) * 0.1).to(o);
+      const at::Tensor all = cuda::invariant_linear_tensor(x, w, bias).cpu();
+      const at::Tensor reference = at::linear(x.to(at::kDouble), w.to(at::kDouble), bias.to(at::kDouble)).cpu();
+      const double tolerance = dtype == at::kFloat ? 1e-4 : dtype == at::kHalf ? 5e-3 : 3e-2;
+      EXPECT_LT((all.to(at::kDouble) - reference).abs().max().item<double>(), tolerance) << dtype << " in " << in;
+      for (const int64_t rows : {1, 2, 7, 26, 64, 65}) {
+        for (const int64_t first : {int64_t{0}, all_rows - rows}) {
+          const at::Tensor part = cuda::invariant_linear_tensor(x.narrow(0, first, rows), w, bias).cpu();
+          EXPECT_TRUE(at::equal(part, all.narrow(0, first, rows))) << dtype << " in " << in << " rows " << rows << " from " << first;
+        }
+      }
+      const at::Tensor no_bias = cuda::invariant_linear_tensor(x, w, at::Tensor()).cpu();
+      EXPECT_LT((no_bias.to(at::kDouble) - (reference - bias.to(at::kDouble).cpu())).abs().max().item<double>(), tolerance);
+    }
+  }
+}
+
+TEST(GpuKernels, InvariantRmsNormRowsDoNotDependOnTheRowCount) {
+  REQUIRE_CUDA_DEVICE();
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({77, 576}).cuda(), weight = (1 + 0.1 * at::randn({576})).cuda();
+  const at::Tensor all = cuda::invariant_rms_norm_tensor(x, weight, 1e-5).cpu();
+  const at::Tensor xd = x.cpu().to(at::kDouble);
+  const at::Tensor reference = xd * at::rsqrt(xd.pow(2).mean(-1, true) + 1e-5) * weight.cpu().to(at::kDouble);
+  EXPECT_LT((all.to(at::kDouble) - reference).abs().max().item<double>(), 1e-5);
+  for (const int64_t rows : {1, 3, 76}) {
+    EXPECT_TRUE(at::equal(cuda::invariant_rms_norm_tensor(x.narrow(0, 1, rows), weight, 1e-5).cpu(), all.narrow(0, 1, rows)))
+        << rows;
+  }
+}
+
+// What makes greedy VeriCache lossless on the GPU: a verify forward of a window of rows gives, for
+// each row, the logits one-row decoding gives, bit for bit (bf16 weights, as served).
+TEST(GpuModel, Bf16WindowForwardEqualsOneRowDecoding) {
+  REQUIRE_CUDA_DEVICE();
+  auto m = LlamaModel::load(testing::default_model_path(), LoadOptions{at::kCUDA, at::kBFloat16});
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  const std::string text = testing::read_file(testing::source_path("datasets/tokenizer_corpus/corpus.txt"));
+  const std::vector<int32_t> tokens = (*m)->tokenizer().encode(text.substr(9000, 3000), false);
+  ASSERT_GE(tokens.size(), 226u);
+  std::vector<int32_t> pos(226);
+  for (int i = 0; i < 226; ++i) pos[i] = i;
+  at::Tensor window_logits, step_logits;
+  std::vector<at::Tensor> steps;
+  for (int k = 0; k < 2; ++k) {
+    auto pool = (*m)->make_page_pool(16, 1024);
+    ASSERT_TRUE(pool.ok());
+    SequenceKv kv((*m)->config().n_layers);
+    at::Tensor ignored;
+    ForwardItem prefix{std::span(tokens).first(200), std::span(pos).first(200), &kv, &*pool, LogitRows::kNone};
+    ASSERT_TRUE((*m)->forward(std::span(&prefix, 1), &ignored).ok());
+    if (k == 0) {  // one forward of 26 rows (x = 25 drafts and the token before them)
+      ForwardItem window{std::span(tokens).subspan(200, 26), std::span(pos).subspan(200, 26), &kv, &*pool, LogitRows::kAll};
+      ASSERT_TRUE((*m)->forward(std::span(&window, 1), &window_logits).ok());
+    } else {
+      for (int i = 200; i < 226; ++i) {
+        ForwardItem one{std::span(tokens).subspan(i, 1), std::span(pos).subspan(i, 1), &kv, &*pool, LogitRows::kAll};
+        ASSERT_TRUE((*m)->forward(std::span(&one, 1), &step_logits).ok());
+        steps.push_back(step_logits.clone());
+      }
+    }
+    kv.release(*pool);
+  }
+  for (int i = 0; i < 26; ++i) {
+    EXPECT_TRUE(at::equal(window_logits[i], steps[i][0])) << "row " << i;
+  }
 }
 
 TEST(GpuModel, Float32ForwardMatchesCpuKernels) {

@@ -4,6 +4,10 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/row_invariant.h"
 #include "kernels/cuda/paged_attention.h"
 
 namespace vericache::cuda {
@@ -65,6 +69,48 @@ at::Tensor paged_attention_tensor(const at::Tensor& q, const at::Tensor& k_pages
   p.scale = static_cast<float>(scale);
   check(paged_attention(p, dtype_of(q), c10::cuda::getCurrentCUDAStream()), "paged_attention");
   return out;
+}
+
+at::Tensor invariant_linear_tensor(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+  TORCH_CHECK(x.is_cuda() && w.is_cuda() && x.scalar_type() == w.scalar_type() && w.dim() == 2 &&
+                  x.size(-1) == w.size(1),
+              "invariant_linear: x [..., in] and w [out, in] on one CUDA device, one dtype");
+  TORCH_CHECK(!bias.defined() || (bias.is_cuda() && bias.scalar_type() == x.scalar_type() && bias.numel() == w.size(0)),
+              "invariant_linear: bias [out] in x's dtype");
+  at::Tensor x2 = x.reshape({-1, x.size(-1)}).contiguous();
+  if (reinterpret_cast<uintptr_t>(x2.data_ptr()) % 16 != 0) x2 = x2.clone();
+  const at::Tensor wc = w.contiguous();
+  const at::Tensor bc = bias.defined() ? bias.contiguous() : bias;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  at::Tensor y = at::empty({x2.size(0), w.size(0)}, x.options());
+  InvariantLinearParams p;
+  p.x = x2.data_ptr();
+  p.w = wc.data_ptr();
+  p.bias = bc.defined() ? bc.data_ptr() : nullptr;
+  p.y = y.data_ptr();
+  p.rows = x2.size(0);
+  p.in_features = x2.size(1);
+  p.out_features = w.size(0);
+  check(invariant_linear(p, dtype_of(x), c10::cuda::getCurrentCUDAStream()), "invariant_linear");
+  return y.view(shape);
+}
+
+at::Tensor invariant_rms_norm_tensor(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kFloat && x.dim() == 2 && weight.is_cuda() &&
+                  weight.scalar_type() == at::kFloat && weight.numel() == x.size(1),
+              "invariant_rms_norm: x [rows, dim] and weight [dim], float32 on one CUDA device");
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  at::Tensor y = at::empty_like(xc);
+  InvariantRmsNormParams p;
+  p.x = xc.data_ptr<float>();
+  p.weight = wc.data_ptr<float>();
+  p.y = y.data_ptr<float>();
+  p.rows = xc.size(0);
+  p.dim = xc.size(1);
+  p.eps = static_cast<float>(eps);
+  check(invariant_rms_norm(p, c10::cuda::getCurrentCUDAStream()), "invariant_rms_norm");
+  return y;
 }
 
 }  // namespace vericache::cuda

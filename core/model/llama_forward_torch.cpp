@@ -1,6 +1,8 @@
 // The libtorch forward: any device, any floating dtype (bf16 on a GPU). Norms, RoPE and the
-// residual stream are float32; projections run in the model dtype (cuBLAS on a GPU). On a GPU,
-// K/V writes and attention use the CUDA paged-KV kernels (kernels/cuda_ops.h); elsewhere K/V are
+// residual stream are float32; projections run in the model dtype. On a GPU, projections, RMSNorm,
+// K/V writes and attention use our CUDA kernels (kernels/cuda_ops.h), each output row computed the
+// same way whatever the number of rows (cuBLAS and torch's reductions choose their algorithm by
+// shape, so a verify forward could round differently from one-row decoding); elsewhere K/V are
 // written with index_put_ and attention gathers each request's K/V from its pages and calls
 // scaled_dot_product_attention with a causal mask that starts at the request's cached length.
 #include <ATen/ATen.h>
@@ -18,7 +20,17 @@ namespace {
 using at::indexing::Slice;
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+#if VC_WITH_CUDA
+  if (x.is_cuda()) return cuda::invariant_rms_norm_tensor(x, weight, eps);
+#endif
   return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+}
+
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {}) {
+#if VC_WITH_CUDA
+  if (x.is_cuda()) return cuda::invariant_linear_tensor(x, w, bias);
+#endif
+  return at::linear(x, w, bias);
 }
 
 // x: [rows, heads, head_dim] float32; cos/sin: [rows, head_dim / 2]. Rotates adjacent channel pairs.
@@ -146,7 +158,7 @@ Status LlamaModel::forward_torch(std::span<const ForwardItem> batch, const std::
     const Layer& L = layers_[l];
     const LayerIndex& ix = index[l];
     const at::Tensor qkv =
-        at::linear(rms_norm(x, L.attn_norm, c.rms_norm_eps).to(options_.dtype), L.wqkv.tensor, L.bqkv).to(at::kFloat);
+        project(rms_norm(x, L.attn_norm, c.rms_norm_eps).to(options_.dtype), L.wqkv.tensor, L.bqkv).to(at::kFloat);
     const at::Tensor q = apply_rope(qkv.narrow(1, 0, nh * hd).view({rows, nh, hd}), cos, sin).to(options_.dtype);
     const at::Tensor k = apply_rope(qkv.narrow(1, nh * hd, nkv * hd).view({rows, nkv, hd}), cos, sin).to(options_.dtype);
     const at::Tensor v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd).view({rows, nkv, hd}).to(options_.dtype);
@@ -184,10 +196,10 @@ Status LlamaModel::forward_torch(std::span<const ForwardItem> batch, const std::
       const Status s = observer(acts);
       if (!s.ok()) return s;
     }
-    x = x + at::linear(attention, L.wo.tensor).to(at::kFloat);
-    const at::Tensor gate_up = at::linear(rms_norm(x, L.ffn_norm, c.rms_norm_eps).to(options_.dtype), L.w_gate_up.tensor);
+    x = x + project(attention, L.wo.tensor).to(at::kFloat);
+    const at::Tensor gate_up = project(rms_norm(x, L.ffn_norm, c.rms_norm_eps).to(options_.dtype), L.w_gate_up.tensor);
     const at::Tensor act = at::silu(gate_up.narrow(1, 0, c.d_ff)) * gate_up.narrow(1, c.d_ff, c.d_ff);
-    x = x + at::linear(act, L.w_down.tensor).to(at::kFloat);
+    x = x + project(act, L.w_down.tensor).to(at::kFloat);
   }
   const std::vector<int64_t> out_rows = logit_rows(batch, begin);
   if (out_rows.empty()) {
@@ -196,7 +208,7 @@ Status LlamaModel::forward_torch(std::span<const ForwardItem> batch, const std::
   }
   const at::Tensor selected = x.index_select(0, at::tensor(out_rows, i64).to(dev));
   const at::Tensor h = rms_norm(selected, output_norm_, c.rms_norm_eps).to(options_.dtype);
-  *logits = at::linear(h, output_.tensor).to(at::kFloat).to(at::kCPU).contiguous();
+  *logits = project(h, output_.tensor).to(at::kFloat).to(at::kCPU).contiguous();
   return Status();
 }
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, run in one call on the device machine (one H200), from the repository root:
-# build against that machine's torch, run the gpu-labelled tests, then the bf16 decode benchmark
+# build against that machine's torch, run the gpu-labelled tests (tests/gpu_test.cpp: paged attention
+# and K/V writes against the CPU kernels; the row-count-invariant linear and RMSNorm bitwise across
+# launches of 1 to 130 rows; a 26-row bf16 window forward bitwise equal to one-row decoding; float32
+# and bf16 forwards against the CPU), then the bf16 decode benchmark
 # (batch 1, 8, 64 at contexts 2K and 8K) with its memory roofline, then decoding on each offline
 # compressor's cache on the GPU. Logs and results go to $OUT.
 #

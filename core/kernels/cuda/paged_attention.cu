@@ -11,6 +11,7 @@
 
 #include <cfloat>
 
+#include "kernels/cuda/float_convert.cuh"
 #include "kernels/cuda/paged_attention.h"
 
 namespace vericache::cuda {
@@ -18,24 +19,6 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-
-template <typename T>
-__device__ inline float to_float(T v);
-template <>
-__device__ inline float to_float(float v) { return v; }
-template <>
-__device__ inline float to_float(__half v) { return __half2float(v); }
-template <>
-__device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ inline T from_float(float v);
-template <>
-__device__ inline float from_float(float v) { return v; }
-template <>
-__device__ inline __half from_float(float v) { return __float2half(v); }
-template <>
-__device__ inline __nv_bfloat16 from_float(float v) { return __float2bfloat16(v); }
 
 // Fixed-shape tree over the block: the result depends only on the values, never on timing.
 template <bool kMax>
