@@ -74,7 +74,7 @@ int run_sweep(int argc, char** argv) {
       "Example:\n"
       "  vericache sweep --weights-gb 48 --kv-full-gb 5 --rhos 10,20,30,40,50,60 --ratios 0.1,0.2,0.3 -o sweep.h5\n"
       "  vericache sweep --kv-fractions 0.2,0.5,0.74 --batches 4,8,16,32 \\\n"
-      "      --acceptance-trace results/runs/checklist-20261203-041744-kvzip/trace.h5 -o budget.h5\n";
+      "      --acceptance-trace results/runs/checklist-20261203-100823-kvzip/trace.h5 -o budget.h5\n";
   std::vector<OptionRange> ranges = profile_option_ranges();
   ranges.insert(ranges.end(), {{"context", 1, 1e9},
                                {"requests", 1, 1e6},

@@ -392,6 +392,50 @@ TEST(Cli, BenchAttentionMeasuresFloatAndKiviBothWays) {
   EXPECT_EQ(dropper.err.rfind("vericache bench-attention: snapkv is not a quantizer", 0), 0u) << dropper.err;
 }
 
+// bench --random-weights: every line names the random weights and the random K/V; bytes per step
+// count the cache each forward reads (C cached + the window's slots, float32 K and V in 30 layers
+// of 3 heads x 64); FLOPs grow with the window; the option errors say what to do.
+TEST(Cli, BenchRandomWeightsTimesForwardsAtANamedShape) {
+  const CliRun r = run_vericache(
+      "bench --random-weights smollm2-135m --contexts 64 --batches 2 --decode-tokens 2 --window 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const CliRun w = run_vericache(
+      "bench --random-weights smollm2-135m --contexts 64 --batches 2 --decode-tokens 2 --window 3 --json");
+  ASSERT_EQ(w.exit_code, 0) << w.err;
+  const nlohmann::json step = nlohmann::json::parse(r.out), window = nlohmann::json::parse(w.out);
+  for (const nlohmann::json& row : {step, window}) {
+    EXPECT_EQ(row["model"], "random-weights:smollm2-135m (random weights, timing only)");
+    EXPECT_EQ(row["weights"], "random (timing only)");
+    EXPECT_EQ(row["kv"], "random (no prefill)");
+    EXPECT_EQ(row["steps"], 2);
+    EXPECT_GT(row["ms_per_step"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(step["kv_bytes_per_step"], int64_t{2} * 30 * 3 * 64 * 4 * 2 * (64 + 1));
+  EXPECT_EQ(window["kv_bytes_per_step"], int64_t{2} * 30 * 3 * 64 * 4 * 2 * (64 + 3));
+  EXPECT_GT(window["flops_per_step"].get<double>(), 2.9 * step["flops_per_step"].get<double>());
+  EXPECT_NE(r.err.find("[bench] random-weights:smollm2-135m: context 64, batch 2, window 1: 2 timed forwards"),
+            std::string::npos)
+      << r.err;
+
+  const CliRun unknown = run_vericache("bench --random-weights llama-70b");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_EQ(unknown.err.rfind("vericache bench: --random-weights: unknown model shape 'llama-70b'; known shapes: "
+                              "llama-3.1-8b, smollm2-135m\n",
+                              0),
+            0u)
+      << unknown.err;
+  const CliRun both = run_vericache("bench --random-weights smollm2-135m --model smollm2");
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_EQ(both.err.rfind("vericache bench: --random-weights replaces --model and --text-file; pass one or the other", 0),
+            0u)
+      << both.err;
+  const CliRun window_alone = run_vericache("bench --window 3 --contexts 64 --batches 1");
+  EXPECT_EQ(window_alone.exit_code, 2);
+  EXPECT_EQ(window_alone.err.rfind("vericache bench: --window needs --random-weights", 0), 0u) << window_alone.err;
+  const CliRun help = run_vericache("bench --help");
+  EXPECT_NE(help.out.find("llama-3.1-8b  Llama-3.1-8B (32 layers"), std::string::npos) << help.out;
+}
+
 // `vericache conformance` on the rule-breaking fixture by path: exit status 1 and a report naming
 // the broken rule and where; 0 on the same fixture without a flaw; errors for a bad or missing spec.
 TEST(Cli, ConformanceReportsTheBrokenRule) {

@@ -5,11 +5,16 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <optional>
 
+#include <unistd.h>
+
 #include "model/ggml_dequant.h"
+#include "model/model_shapes.h"
 #include "model/weight_repack.h"
 #include "util/check.h"
 #include "util/printable.h"
@@ -103,16 +108,91 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& path, co
     model->chat_template_status_ = chat.status();
   }
   VC_RETURN_IF_ERROR(model->load_weights(file));
-  model->build_rope_table();
-  model->kernels_ = &cpu::best_kernels();
-  model->fingerprint_ = model->compute_fingerprint();
-  VC_RETURN_IF_ERROR(model->place_weights());
-  auto bytes = [](const Weight& w) { return static_cast<int64_t>(w.tensor.nbytes()); };
-  model->decode_weight_bytes_ = bytes(model->output_);
-  for (const Layer& L : model->layers_) {
-    model->decode_weight_bytes_ += bytes(L.wqkv) + bytes(L.wo) + bytes(L.w_gate_up) + bytes(L.w_down);
-  }
+  VC_RETURN_IF_ERROR(model->finish_loading());
   return model;
+}
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::with_random_weights(const std::string& shape, uint64_t seed,
+                                                                    const LoadOptions& options) {
+  if (options.device.is_cpu() && options.dtype != at::kFloat) {
+    return Status::not_supported("the CPU forward computes in float32; load CPU models with dtype float32");
+  }
+  VC_ASSIGN_OR_RETURN(NamedShape named, find_named_shape(shape));
+  if (options.device.is_cpu()) {
+    // Refused up front: drawing past the machine's memory would end in the kernel's OOM killer.
+    const double need = 4.0 * static_cast<double>(named.config.parameter_count(named.tied_embeddings));
+    const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    if (need > 0.8 * have) {
+      char message[200];
+      std::snprintf(message, sizeof message,
+                    "random-weights:%s needs %.1f GB of float32 weights on the CPU, more than 80%% of this machine's "
+                    "%.1f GB; run it on a GPU (--device cuda)",
+                    named.name.c_str(), need / 1e9, have / 1e9);
+      return Status::not_supported(message);
+    }
+  }
+  std::unique_ptr<LlamaModel> model(new LlamaModel());
+  model->file_path_ = "random-weights:" + named.name;
+  model->options_ = options;
+  model->path_ = options.device.is_cpu() ? ForwardPath::kCpuKernels : ForwardPath::kTorch;
+  model->config_ = named.config;
+  model->tied_embeddings_ = named.tied_embeddings;
+  model->weight_type_ = kRandomWeightType;
+  model->chat_template_status_ = Status::not_found(model->file_path_ + " has no chat template (random weights)");
+  VC_RETURN_IF_ERROR(model->draw_random_weights(seed));
+  VC_RETURN_IF_ERROR(model->finish_loading());
+  return model;
+}
+
+Status LlamaModel::finish_loading() {
+  build_rope_table();
+  kernels_ = &cpu::best_kernels();
+  fingerprint_ = compute_fingerprint();
+  VC_RETURN_IF_ERROR(place_weights());
+  auto bytes = [](const Weight& w) { return static_cast<int64_t>(w.tensor.nbytes()); };
+  decode_weight_bytes_ = bytes(output_);
+  for (const Layer& L : layers_) decode_weight_bytes_ += bytes(L.wqkv) + bytes(L.wo) + bytes(L.w_gate_up) + bytes(L.w_down);
+  return Status();
+}
+
+// Matrices straight on the model's device in its dtype (an 8B model never passes through host
+// float32); norms float32 on the CPU, where place_weights() expects them.
+Status LlamaModel::draw_random_weights(uint64_t seed) {
+  const LlamaConfig& c = config_;
+  const int64_t d = c.d_model, q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+  try {
+    at::Generator generator = at::globalContext().defaultGenerator(options_.device);
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_current_seed(seed);
+    }
+    const auto on_device = at::TensorOptions().device(options_.device).dtype(options_.dtype);
+    auto matrix = [&](int64_t n, int64_t k) {
+      Weight w;
+      w.tensor = at::empty({n, k}, on_device).normal_(0.0, 1.0 / std::sqrt(static_cast<double>(k)), generator);
+      if (options_.device.is_cpu()) {
+        w.view = cpu::WeightView{cpu::WeightFormat::kF32, w.tensor.data_ptr(), n, k,
+                                 k * static_cast<int64_t>(sizeof(float))};
+      }
+      return w;
+    };
+    token_embedding_ = matrix(c.vocab_size, d);
+    output_ = tied_embeddings_ ? token_embedding_ : matrix(c.vocab_size, d);
+    output_norm_ = at::ones({d}, at::kFloat);
+    layers_.resize(c.n_layers);
+    for (Layer& L : layers_) {
+      L.attn_norm = at::ones({d}, at::kFloat);
+      L.wqkv = matrix(q + 2 * kv, d);
+      L.wo = matrix(d, q);
+      L.ffn_norm = at::ones({d}, at::kFloat);
+      L.w_gate_up = matrix(2 * c.d_ff, d);
+      L.w_down = matrix(d, c.d_ff);
+    }
+  } catch (const c10::Error& e) {
+    return Status::internal(file_path_ + ": cannot draw the random weights on " + options_.device.str() + ": " +
+                            first_line(e));
+  }
+  return Status();
 }
 
 // Rows of the named matrices stacked in order (each [rows, k]): kept in their ggml blocks (K-quants
@@ -345,7 +425,7 @@ Status LlamaModel::validate(std::span<const ForwardItem> batch) const {
                                       std::to_string(item.positions.size()) + " positions");
     }
     for (int32_t t : item.tokens) {
-      if (!tokenizer_.is_valid(t)) {
+      if (t < 0 || t >= config_.vocab_size) {
         return Status::invalid_argument(where + "token id " + std::to_string(t) + " is outside the vocabulary [0, " +
                                         std::to_string(config_.vocab_size) + ")");
       }

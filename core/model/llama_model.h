@@ -108,6 +108,19 @@ class LlamaModel {
   // on ThreadPool::global().
   static Result<std::unique_ptr<LlamaModel>> load(const std::string& path, const LoadOptions& options = {});
 
+  // A model of a named shape (model/model_shapes.h) whose weights are random, for timing only: its
+  // tokens mean nothing. Matrices are N(0, 1/k) for k inputs (so activations keep their scale),
+  // norms are ones; drawn on options.device in options.dtype from that device's default generator
+  // reseeded with `seed` (same seed, device and dtype: same weights). It has no tokenizer
+  // (tokenizer().vocab_size() is 0) and no chat template; path() is "random-weights:<shape>" and
+  // weight_type() "random". NotFound for an unknown shape (the message lists the known ones);
+  // NotSupported as for load() and for a CPU model whose float32 weights would take more than 80%
+  // of the machine's memory; Internal when the device cannot hold the weights.
+  static Result<std::unique_ptr<LlamaModel>> with_random_weights(const std::string& shape, uint64_t seed,
+                                                                 const LoadOptions& options = {});
+  bool random_weights() const { return weight_type_ == kRandomWeightType; }
+  static constexpr const char* kRandomWeightType = "random";
+
   const std::string& path() const { return file_path_; }
   const LlamaConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
@@ -172,6 +185,9 @@ class LlamaModel {
 
   LlamaModel() = default;
   Status load_weights(const GgufFile& file);
+  Status draw_random_weights(uint64_t seed);
+  // What load() and with_random_weights() share once the weights are in place.
+  Status finish_loading();
   Result<Weight> load_matrix(const GgufFile& file, const std::vector<std::string>& names,
                              const std::vector<int64_t>& rows, int64_t k) const;
   void build_rope_table();

@@ -4,8 +4,9 @@
 # and K/V writes against the CPU kernels; the row-count-invariant linear and RMSNorm bitwise across
 # launches of 1 to 130 rows; a 26-row bf16 window forward bitwise equal to one-row decoding; float32
 # and bf16 forwards against the CPU), then the bf16 decode benchmark
-# (batch 1, 8, 64 at contexts 2K and 8K) with its memory roofline, then decoding on each offline
-# compressor's cache on the GPU. Logs and results go to $OUT.
+# (batch 1, 8, 64 at contexts 2K and 8K) with its memory roofline, then the Llama-3.1-8B shape with
+# random weights (timing only) at the anchor's shapes beside the anchor, then decoding on each
+# offline compressor's cache on the GPU. Logs and results go to $OUT.
 #
 # Inputs that do not travel with the repository (the model is 98 MB, a call carries 64 MiB):
 #   the model    .models/SmolLM2-135M-Instruct.Q4_1.gguf, or halves made by harness/bench/split_model.sh:
@@ -39,6 +40,16 @@ tail -12 "$OUT/gpu_tests.log"
 build-gpu/vericache bench --device cuda --dtype bfloat16 --contexts 2048,8192 --batches 1,8,64 --decode-tokens 32 \
   --json > "$OUT/gpu_bench.jsonl" 2> "$OUT/gpu_bench.err" || tail -20 "$OUT/gpu_bench.err"
 python3 harness/bench/roofline.py --bandwidth-tbs 4.3 "$OUT/gpu_bench.jsonl" | tee "$OUT/gpu_bench.md"
+
+# The Llama-3.1-8B shape with random weights (timing only, named so in every line): the anchor's
+# decode shapes and its 26-row verify window at B=32 ctx 8K, K/V random (no prefill), 20 timed forwards each.
+for grid in "8192 1,8,32 1" "2048 32 1" "32768 8 1" "8192 32 26"; do
+  read -r ctx batches window <<< "$grid"
+  build-gpu/vericache bench --random-weights llama-3.1-8b --device cuda --dtype bfloat16 --contexts "$ctx" \
+    --batches "$batches" --window "$window" --decode-tokens 20 --json >> "$OUT/gpu_bench_8b.jsonl" 2>> "$OUT/gpu_bench_8b.err" ||
+    { echo "gpu_check: 8B bench $grid failed"; tail -5 "$OUT/gpu_bench_8b.err"; }
+done
+python3 harness/bench/roofline.py --bandwidth-tbs 4.3 --peak-tflops 790 "$OUT/gpu_bench_8b.jsonl" | tee "$OUT/gpu_bench_8b.md"
 
 # Compressors on the GPU path (issue 3): every bundled offline plugin compacts a cuda cache and
 # decodes on it; the JSON lines record resident vs full slots and timings.
