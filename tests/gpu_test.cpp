@@ -165,6 +165,50 @@ TEST(GpuModel, Bf16WindowForwardEqualsOneRowDecoding) {
   }
 }
 
+// The random-weights model at the Llama-3.1-8B shape (16 GB of bf16 weights), as bench
+// --random-weights times it: drawn the same from the same seed, and a 26-row window forward bitwise
+// equal to 26 one-row decodes at the 8B matrix sizes (K = 4096 and 14336).
+TEST(GpuModel, RandomWeights8BShapeIsReproducibleAndRowCountInvariant) {
+  REQUIRE_CUDA_DEVICE();
+  auto m = LlamaModel::with_random_weights("llama-3.1-8b", 1, LoadOptions{at::kCUDA, at::kBFloat16});
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  const at::Tensor first = *(*m)->weight("blk.31.ffn_down.weight");
+  {
+    auto again = LlamaModel::with_random_weights("llama-3.1-8b", 1, LoadOptions{at::kCUDA, at::kBFloat16});
+    ASSERT_TRUE(again.ok()) << again.status().message();
+    EXPECT_TRUE(at::equal(first, *(*again)->weight("blk.31.ffn_down.weight")));
+  }
+  std::vector<int32_t> tokens(226), pos(226);
+  for (int i = 0; i < 226; ++i) {
+    tokens[i] = (i * 7919) % 128256;
+    pos[i] = i;
+  }
+  at::Tensor window_logits;
+  std::vector<at::Tensor> steps;
+  for (int k = 0; k < 2; ++k) {
+    auto pool = (*m)->make_page_pool(16, 32 * 16);
+    ASSERT_TRUE(pool.ok());
+    SequenceKv kv((*m)->config().n_layers);
+    at::Tensor ignored;
+    ForwardItem prefix{std::span(tokens).first(200), std::span(pos).first(200), &kv, &*pool, LogitRows::kNone};
+    ASSERT_TRUE((*m)->forward(std::span(&prefix, 1), &ignored).ok());
+    if (k == 0) {
+      ForwardItem window{std::span(tokens).subspan(200, 26), std::span(pos).subspan(200, 26), &kv, &*pool, LogitRows::kAll};
+      ASSERT_TRUE((*m)->forward(std::span(&window, 1), &window_logits).ok());
+    } else {
+      for (int i = 200; i < 226; ++i) {
+        at::Tensor step_logits;
+        ForwardItem one{std::span(tokens).subspan(i, 1), std::span(pos).subspan(i, 1), &kv, &*pool, LogitRows::kAll};
+        ASSERT_TRUE((*m)->forward(std::span(&one, 1), &step_logits).ok());
+        steps.push_back(step_logits.clone());
+      }
+    }
+    kv.release(*pool);
+  }
+  EXPECT_TRUE(at::isfinite(window_logits).all().item<bool>());
+  for (int i = 0; i < 26; ++i) EXPECT_TRUE(at::equal(window_logits[i], steps[i][0])) << "row " << i;
+}
+
 TEST(GpuModel, Float32ForwardMatchesCpuKernels) {
   REQUIRE_CUDA_DEVICE();
   const LlamaModel* cpu_model = testing::default_model();

@@ -2,8 +2,9 @@
 # The GPU check, run in one call on the device machine (one H200), from the repository root:
 # build against that machine's torch, run the gpu-labelled tests (tests/gpu_test.cpp: paged attention
 # and K/V writes against the CPU kernels; the row-count-invariant linear and RMSNorm bitwise across
-# launches of 1 to 130 rows; a 26-row bf16 window forward bitwise equal to one-row decoding; float32
-# and bf16 forwards against the CPU), then the bf16 decode benchmark
+# launches of 1 to 130 rows; a 26-row bf16 window forward bitwise equal to one-row decoding, on
+# SmolLM2 and on the random-weights Llama-3.1-8B shape; float32 and bf16 forwards against the CPU),
+# then the bf16 decode benchmark
 # (batch 1, 8, 64 at contexts 2K and 8K) with its memory roofline, then the Llama-3.1-8B shape with
 # random weights (timing only) at the anchor's shapes beside the anchor, then decoding on each
 # offline compressor's cache on the GPU. Logs and results go to $OUT.
