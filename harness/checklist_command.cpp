@@ -783,7 +783,7 @@ int run_checklist(int argc, char** argv) {
      "prompt lengths (tokens) of the context sweep at (c, x), greedy (default 1024,2048,4096,6000; --quick 1024; "
      "none: skip)")
     ("context-prompts", po::value(&context_prompts),
-     "prompts per length in the context sweep, run together (default 3; --quick 1)")
+     "prompts per length in the context sweep, run together (default 2; --quick 1)")
     ("context-text", po::value(&context_text)->default_value(VC_DEFAULT_BENCH_TEXT),
      "the text the context sweep's prompts are cut from (for length N, prompt j is its tokens [jN, (j + 1)N))")
     ("prompt-set", po::value(&prompt_set_path)->default_value(VC_CHECKLIST_PROMPTS),
@@ -806,7 +806,7 @@ int run_checklist(int argc, char** argv) {
   if (n_prompts == 0) n_prompts = quick ? 2 : 4;
   if (kl_steps == 0) kl_steps = quick ? 32 : 128;
   if (max_tokens == 0) max_tokens = quick ? 24 : 64;
-  if (context_prompts == 0) context_prompts = quick ? 1 : 3;
+  if (context_prompts == 0) context_prompts = quick ? 1 : 2;
   std::vector<int64_t> xs;
   std::vector<double> ratios, temperatures;
   std::vector<int64_t> contexts;
