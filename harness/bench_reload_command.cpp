@@ -36,8 +36,6 @@
 #include <map>
 #include <thread>
 
-#include <unistd.h>
-
 #include "bench_support.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -47,6 +45,7 @@
 #include "sim/simulator.h"
 #include "sim/throughput_model.h"
 #include "util/output_file.h"
+#include "util/system_memory.h"
 #include "util/thread_pool.h"
 #include "window_trace.h"
 
@@ -174,10 +173,6 @@ class CopyLoad {
   Status status_;
   std::thread thread_;
 };
-
-double physical_memory_bytes() {
-  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-}
 
 struct PolicyRun {
   double seconds = 0, stall_seconds = 0, link_busy_seconds = 0, peak_transient_bytes = 0;

@@ -9,11 +9,10 @@
 #include <numeric>
 #include <vector>
 
-#include <unistd.h>
-
 #include "model/llama_model.h"
 #include "model/model_shapes.h"
 #include "test_support.h"
+#include "util/system_memory.h"
 
 namespace vericache {
 namespace {
@@ -37,7 +36,7 @@ TEST(RandomWeights, UnknownShapeListsTheKnownOnes) {
   EXPECT_EQ(bf16.status().message(), "the CPU forward computes in float32; load CPU models with dtype float32");
   // 32.1 GB of float32 weights: more than 80% of a 24 GiB machine (the test runs on such machines; a
   // larger one skips this check).
-  if (static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE)) < 40e9) {
+  if (physical_memory_bytes() < 40e9) {
     auto big = LlamaModel::with_random_weights("llama-3.1-8b", 1);
     ASSERT_FALSE(big.ok());
     EXPECT_EQ(big.status().message().rfind("random-weights:llama-3.1-8b needs 32.1 GB of float32 weights on the CPU, "

@@ -11,13 +11,12 @@
 #include <mutex>
 #include <optional>
 
-#include <unistd.h>
-
 #include "model/ggml_dequant.h"
 #include "model/model_shapes.h"
 #include "model/weight_repack.h"
 #include "util/check.h"
 #include "util/printable.h"
+#include "util/system_memory.h"
 
 namespace vericache {
 namespace {
@@ -121,7 +120,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::with_random_weights(const std::s
   if (options.device.is_cpu()) {
     // Refused up front: drawing past the machine's memory would end in the kernel's OOM killer.
     const double need = 4.0 * static_cast<double>(named.config.parameter_count(named.tied_embeddings));
-    const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    const double have = physical_memory_bytes();
     if (need > 0.8 * have) {
       char message[200];
       std::snprintf(message, sizeof message,
