@@ -10,6 +10,7 @@
 
 #include "cli_common.h"
 #include "engine/compression.h"
+#include "engine/full_kv_comparison.h"
 #include "engine/sampler.h"
 #include "util/mapped_file.h"
 
@@ -125,13 +126,8 @@ void StepTimes::on_step(const StepRecord& s) {
 
 int64_t count_mismatches(const std::vector<EngineResult>& results, const std::vector<std::vector<int32_t>>& want) {
   int64_t n = 0;
-  for (const EngineResult& r : results) {
-    const auto& got = r.generation.tokens;
-    const auto& expected = want.at(static_cast<size_t>(r.request_id));
-    for (size_t j = 0; j < std::max(got.size(), expected.size()); ++j) {
-      n += (j >= got.size() || j >= expected.size() || got[j] != expected[j]) ? 1 : 0;
-    }
-  }
+  for (const EngineResult& r : results)
+    n += diff_tokens(r.generation.tokens, want.at(static_cast<size_t>(r.request_id))).mismatched_tokens;
   return n;
 }
 

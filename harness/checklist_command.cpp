@@ -377,7 +377,7 @@ Result<EngineSteps> acceptance_and_end_to_end(const Setup& s, const std::vector<
     int64_t mismatches = 0, tokens = 0, prompts_differing = 0;
     std::string failures;
     for (size_t p = 0; p < requests.size(); ++p) {
-      const int64_t count = run.mismatches[p];
+      const int64_t count = run.diffs[p].mismatches();
       if (!run.results[p].compressor_failure.empty()) failures += " " + run.results[p].compressor_failure;
       mismatches += count;
       prompts_differing += count > 0;
@@ -387,7 +387,7 @@ Result<EngineSteps> acceptance_and_end_to_end(const Setup& s, const std::vector<
         trace["end_to_end/prompt_tokens"].push_back(static_cast<double>(requests[p].prompt.size()));
         trace["end_to_end/generated"].push_back(static_cast<double>(run.results[p].generation.tokens.size()));
         trace["end_to_end/mismatches"].push_back(static_cast<double>(count));
-        trace["end_to_end/first_mismatch"].push_back(static_cast<double>(run.first_mismatch[p]));
+        trace["end_to_end/first_mismatch"].push_back(static_cast<double>(run.diffs[p].first_mismatch));
       }
     }
     for (const WindowRecord& w : engine_run.windows) {
@@ -475,7 +475,7 @@ Result<Sweeps> ratio_and_temperature_sweeps(const Setup& s, int64_t x, const std
     int64_t tokens = 0, mismatches = 0, failed = 0;
     for (size_t p = 0; p < requests.size(); ++p) {
       tokens += static_cast<int64_t>(result.results[p].generation.tokens.size());
-      mismatches += result.mismatches[p];
+      mismatches += result.diffs[p].mismatches();
       failed += result.results[p].compressor_failure.empty() ? 0 : 1;
     }
     const double decode_seconds = run.decode_seconds();
@@ -539,7 +539,7 @@ Result<Sweeps> context_sweep(const Setup& s, const std::vector<int32_t>& corpus,
     std::string failures;
     for (int64_t j = 0; j < prompts; ++j) {
       const EngineResult& r = result.results[j];
-      mismatches += result.mismatches[j];
+      mismatches += result.diffs[j].mismatches();
       tokens += static_cast<int64_t>(r.generation.tokens.size());
       // A compressor that fails leaves the request on full KV (still lossless, nothing drafted): said, not hidden.
       if (!r.compressor_failure.empty()) {
@@ -555,7 +555,7 @@ Result<Sweeps> context_sweep(const Setup& s, const std::vector<int32_t>& corpus,
       trace["context_sweep_prompt/context"].push_back(static_cast<double>(contexts[i]));
       trace["context_sweep_prompt/prompt"].push_back(static_cast<double>(j));
       trace["context_sweep_prompt/gamma"].push_back(drafted > 0 ? accepted / drafted : 0.0);
-      trace["context_sweep_prompt/mismatches"].push_back(static_cast<double>(result.mismatches[j]));
+      trace["context_sweep_prompt/mismatches"].push_back(static_cast<double>(result.diffs[j].mismatches()));
     }
     const double decode_seconds = run.decode_seconds();
     const double gamma = result.totals.acceptance_rate();
@@ -606,12 +606,8 @@ Result<std::string> decode_speeds(const Setup& s, const std::vector<GenerationRe
   VC_ASSIGN_OR_RETURN(const std::vector<GenerationResult> lossy_out, generator.generate(greedy, {}, &lossy));
   int64_t lossy_mismatches = 0, reference_tokens = 0;
   for (size_t p = 0; p < greedy.size(); ++p) {
-    const std::vector<int32_t>& got = lossy_out[p].tokens;
-    const std::vector<int32_t>& want = reference[p].tokens;
-    reference_tokens += static_cast<int64_t>(want.size());
-    for (size_t t = 0; t < std::max(got.size(), want.size()); ++t) {
-      lossy_mismatches += t >= got.size() || t >= want.size() || got[t] != want[t];
-    }
+    reference_tokens += static_cast<int64_t>(reference[p].tokens.size());
+    lossy_mismatches += diff_tokens(lossy_out[p].tokens, reference[p].tokens).mismatched_tokens;
   }
   struct Mode {
     double tokens, seconds, mismatches, kv_bytes;

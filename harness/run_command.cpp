@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -14,7 +15,9 @@
 #include "commands.h"
 #include "decoding_options.h"
 #include "engine/draft_verify_engine.h"
+#include "engine/full_kv_comparison.h"
 #include "engine/generator.h"
+#include "util/printable.h"
 #include "util/thread_pool.h"
 
 namespace po = boost::program_options;
@@ -149,6 +152,30 @@ class PrefillTimer : public StatsSink {
   StatsSink& next_;
 };
 
+// The first request whose output differs from full-KV decoding, in words ("" when none does):
+// the position and both tokens, or both finish reasons when only those differ.
+std::string first_difference(const std::vector<EngineResult>& results, const std::vector<GenerationResult>& baseline,
+                             const std::vector<OutputDiff>& diffs, const Tokenizer& tok) {
+  for (size_t i = 0; i < diffs.size(); ++i) {
+    if (diffs[i].identical()) continue;
+    const std::vector<int32_t>& got = results[i].generation.tokens;
+    const std::vector<int32_t>& want = baseline[i].tokens;
+    const int64_t p = diffs[i].first_mismatch;
+    auto token = [&](const std::vector<int32_t>& t, const char* ended) {
+      if (p >= static_cast<int64_t>(t.size())) return std::string(ended);
+      return std::to_string(t[p]) + " " + printable(tok.token_bytes(t[p]));
+    };
+    if (p < 0) {
+      return "request " + std::to_string(i) + ": same tokens, but VeriCache ends with '" +
+             finish_reason_name(results[i].generation.finish) + "' and full-KV decoding with '" +
+             finish_reason_name(baseline[i].finish) + "'";
+    }
+    return "request " + std::to_string(i) + ", output token " + std::to_string(p) + ": VeriCache " +
+           token(got, "(output ended)") + ", full-KV decoding " + token(want, "(output ended)");
+  }
+  return "";
+}
+
 }  // namespace
 
 int run_run(int argc, char** argv) {
@@ -200,6 +227,13 @@ int run_run(int argc, char** argv) {
   options.prefill_chunk = o.prefill_chunk;
   options.draft_kv = o.draft_kv == "drafted" ? DraftKv::kDrafted : DraftKv::kVerified;
   options.draft_sampling = o.draft_sampling == "argmax" ? DraftSampling::kArgmax : DraftSampling::kSampled;
+  // Test-only: a fault made on purpose so tests can see --check fail (engine/test_faults.h); never an option.
+  if (const char* fault = std::getenv("VERICACHE_TEST_FAULT"); fault != nullptr && *fault != '\0') {
+    auto parsed = parse_test_fault(fault);
+    if (!parsed.ok()) return report_usage_error("run", "VERICACHE_TEST_FAULT: " + parsed.status().message());
+    options.test_fault = *parsed;
+    std::fprintf(stderr, "[test-only fault injected (VERICACHE_TEST_FAULT=%s): this run is wrong on purpose]\n", fault);
+  }
   std::unique_ptr<TransferEngine> transfer;
   if (o.verify == "transfer") {
     transfer = std::make_unique<TransferEngine>(TransferOptions{o.link_gbps * 1e9});
@@ -248,7 +282,8 @@ int run_run(int argc, char** argv) {
   // --check: the same requests through full-KV decoding, in this process.
   int64_t mismatches = 0, mismatched_requests = 0;
   double baseline_tok_s = 0;
-  std::vector<int64_t> first_mismatch(results.size(), -1);
+  std::vector<OutputDiff> diffs;
+  std::vector<GenerationResult> baseline;
   if (o.check) {
     auto pool = m.make_page_pool(o.page_size, Generator::pages_needed(m, o.page_size, requests));
     if (!pool.ok()) return report_error(pool.status());
@@ -256,26 +291,16 @@ int run_run(int argc, char** argv) {
     go.prefill_chunk = o.prefill_chunk;
     Generator generator(m, *pool, go);
     GenerationStats stats;
-    auto baseline = generator.generate(requests, {}, &stats);
-    if (!baseline.ok()) return report_error(baseline.status());
+    auto generated = generator.generate(requests, {}, &stats);
+    if (!generated.ok()) return report_error(generated.status());
+    baseline = std::move(*generated);
     std::vector<std::vector<int32_t>> baseline_tokens;
-    for (const GenerationResult& r : *baseline) baseline_tokens.push_back(r.tokens);
+    for (const GenerationResult& r : baseline) baseline_tokens.push_back(r.tokens);
     baseline_tok_s = rate(decoded(baseline_tokens), stats.decode_seconds);
     for (size_t i = 0; i < results.size(); ++i) {
-      const std::vector<int32_t>& a = results[i].generation.tokens;
-      const std::vector<int32_t>& b = (*baseline)[i].tokens;
-      int64_t diff = static_cast<int64_t>(std::max(a.size(), b.size()) - std::min(a.size(), b.size()));
-      for (size_t j = 0; j < std::min(a.size(), b.size()); ++j) {
-        if (a[j] != b[j]) {
-          ++diff;
-          if (first_mismatch[i] < 0) first_mismatch[i] = static_cast<int64_t>(j);
-        }
-      }
-      if (first_mismatch[i] < 0 && a.size() != b.size())
-        first_mismatch[i] = static_cast<int64_t>(std::min(a.size(), b.size()));
-      if (results[i].generation.finish != (*baseline)[i].finish && diff == 0) diff = 1;
-      mismatches += diff;
-      mismatched_requests += diff > 0 ? 1 : 0;
+      diffs.push_back(diff_output(results[i].generation, baseline[i]));
+      mismatches += diffs.back().mismatches();
+      mismatched_requests += diffs.back().identical() ? 0 : 1;
     }
   }
 
@@ -331,7 +356,10 @@ int run_run(int argc, char** argv) {
       j["acceptance_rate"] = r.metrics.acceptance_rate();
       j["verify_windows"] = r.metrics.verify_windows;
       if (!r.compressor_failure.empty()) j["compressor_failure"] = r.compressor_failure;
-      if (o.check) j["first_mismatch"] = first_mismatch[i];
+      if (o.check) {
+        j["first_mismatch"] = diffs[i].first_mismatch;
+        j["finish_reason_full_kv"] = finish_reason_name(baseline[i].finish);
+      }
       out["requests"].push_back(j);
     }
     out["generated_tokens"] = t.generated_tokens;
@@ -355,6 +383,8 @@ int run_run(int argc, char** argv) {
     out["compressor_failures"] = failures;
     out["threads"] = ThreadPool::global().threads();
     if (o.check) {
+      const std::string difference = first_difference(results, baseline, diffs, m.tokenizer());
+      out["first_difference"] = difference.empty() ? nlohmann::json() : nlohmann::json(difference);
       out["mismatches"] = mismatches;
       out["mismatched_requests"] = mismatched_requests;
       out["baseline_tok_s"] = baseline_tok_s;
@@ -394,6 +424,8 @@ int run_run(int argc, char** argv) {
                    static_cast<long long>(mismatches), static_cast<long long>(mismatched_requests),
                    static_cast<long long>(results.size()), mismatches == 0 ? " (lossless)" : "", baseline_tok_s,
                    baseline_tok_s > 0 ? tok_s / baseline_tok_s : 0.0);
+      if (mismatches > 0)
+        std::fprintf(stderr, "[first difference: %s]\n", first_difference(results, baseline, diffs, m.tokenizer()).c_str());
     }
   }
   return o.check && mismatches > 0 ? kExitFailure : kExitOk;

@@ -595,6 +595,51 @@ TEST(Cli, RunCheckIsLosslessAndReportsAcceptance) {
   EXPECT_EQ(out["compressor_failures"].size(), 0u);
 }
 
+// --check must be able to fail: with a test-only fault (VERICACHE_TEST_FAULT, engine/test_faults.h)
+// the verify row that decides request 1's output token 5 loses its largest logit, so the engine
+// commits another token there. --check exits 1 and names that request and position, in JSON and
+// in text; request 0 stays identical. A malformed fault is a usage error.
+TEST(Cli, RunCheckFailsAndNamesTheFirstMismatchWhenAVerifyRowIsPerturbed) {
+  const std::string prompt = testing::temp_dir() + "/prompt.txt";
+  std::ofstream(prompt) << testing::read_file(testing::source_path("datasets/tokenizer_corpus/corpus.txt")).substr(0, 600);
+  const std::string args = "run --check --compressor snapkv -c 0.25 -x 4 -b 2 -n 12 --ignore-eos -f " + prompt;
+  const CliRun r = testing::run_command("VERICACHE_TEST_FAULT=perturb_verify_row:1:5 " + std::string(VC_BINARY) + " " +
+                                        args + " --json");
+  ASSERT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("[test-only fault injected (VERICACHE_TEST_FAULT=perturb_verify_row:1:5): this run is wrong on "
+                       "purpose]"),
+            std::string::npos)
+      << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out["mismatched_requests"], 1);
+  EXPECT_GT(out["mismatches"].get<int64_t>(), 0);
+  EXPECT_EQ(out["requests"][0]["first_mismatch"], -1);
+  EXPECT_EQ(out["requests"][1]["first_mismatch"], 5);
+  EXPECT_EQ(out["first_difference"].get<std::string>().rfind("request 1, output token 5: VeriCache ", 0), 0u)
+      << out["first_difference"];
+  // Tokens 0-4 of the faulted request are still full-KV greedy (request 0 is the same prompt).
+  for (int t = 0; t < 5; ++t) EXPECT_EQ(out["requests"][1]["tokens"][t], out["requests"][0]["tokens"][t]) << t;
+
+  const CliRun text = testing::run_command("VERICACHE_TEST_FAULT=perturb_verify_row:1:5 " + std::string(VC_BINARY) +
+                                           " " + args);
+  EXPECT_EQ(text.exit_code, 1);
+  EXPECT_NE(text.err.find("mismatching tokens in 1 of 2 requests"), std::string::npos) << text.err;
+  EXPECT_NE(text.err.find("[first difference: request 1, output token 5: VeriCache "), std::string::npos) << text.err;
+
+  // Without the fault the same run is lossless (the check is not failing for another reason).
+  EXPECT_EQ(run_vericache(args + " --json").exit_code, 0);
+
+  const CliRun bad = testing::run_command("VERICACHE_TEST_FAULT=perturb_verify_row:1:0 " + std::string(VC_BINARY) + " " +
+                                          args);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.err.rfind("vericache run: VERICACHE_TEST_FAULT: test fault 'perturb_verify_row:1:0': expected "
+                          "perturb_verify_row:REQUEST:POSITION (POSITION >= 1), draft_probs_from_next_row or "
+                          "target_from_next_row\n",
+                          0),
+            0u)
+      << bad.err;
+}
+
 TEST(Cli, RunRejectsBadOptionsWithOneLine) {
   const std::map<std::string, std::string> cases = {
       {"run -p hi --draft-length 0", "vericache run: --draft-length must be in [1, 256], got 0\n"},

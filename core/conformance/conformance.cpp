@@ -525,8 +525,11 @@ Status check_lossless(const LlamaModel& model, const CompressorFactory& make, co
   std::string offence;
   if (!run.results[0].compressor_failure.empty()) {
     offence = "the compressor failed in the engine (the request fell back to full KV): " + run.results[0].compressor_failure;
-  } else if (run.first_mismatch[0] >= 0) {
-    offence = "token " + std::to_string(run.first_mismatch[0]) + " differs from full-KV greedy decoding";
+  } else if (run.diffs[0].first_mismatch >= 0) {
+    offence = "token " + std::to_string(run.diffs[0].first_mismatch) + " differs from full-KV greedy decoding";
+  } else if (run.diffs[0].finish_differs) {
+    offence = std::string("the output ends with '") + finish_reason_name(run.results[0].generation.finish) +
+              "', full-KV greedy decoding with '" + finish_reason_name(reference[0].finish) + "'";
   }
   char holds[160];
   std::snprintf(holds, sizeof(holds), "%zu tokens identical to full-KV greedy decoding, acceptance %.3f",

@@ -492,12 +492,18 @@ void DraftVerifyEngine::finish_prefill(Request& r, const float* logits) {
 void DraftVerifyEngine::commit_window(Request& r, const float* rows) {
   const int64_t vocab = model_.config().vocab_size;
   const int64_t x = static_cast<int64_t>(r.drafts.size());
+  // Row 0 decides the output token after the last committed one (test-only faults, test_faults.h).
+  std::vector<float> faulted_rows;
+  const int64_t first_output = r.committed + 1 - static_cast<int64_t>(r.req.prompt.size());
+  rows = apply_verify_row_fault(options_.test_fault, r.id, first_output, x, vocab, rows, &faulted_rows);
   WindowVerdict v;
   if (r.req.sampling.greedy()) {
     v = verify_greedy(r.drafts, rows, vocab);
   } else {
     std::vector<std::vector<float>> target(x + 1);
     for (int64_t i = 0; i <= x; ++i) target[i] = dense_distribution(rows + i * vocab, vocab, r.req.sampling);
+    apply_target_fault(options_.test_fault, &target);
+    apply_draft_probs_fault(options_.test_fault, &r.draft_probs);
     v = verify_sampled(r.drafts, r.draft_probs, options_.draft_sampling, target, r.rng);
   }
   RequestMetrics& m = r.result.metrics;

@@ -66,6 +66,7 @@
 #include "engine/engine_clock.h"
 #include "engine/engine_stats.h"
 #include "engine/generator.h"
+#include "engine/test_faults.h"
 #include "engine/verification.h"
 #include "kv/packed_page_pool.h"
 #include "kv/page_pool.h"
@@ -96,6 +97,8 @@ struct EngineOptions {
   // Borrowed; nullptr: each request verifies after its own x drafts. Its draft length must equal
   // draft_length; the engine owns its admissions and iterations while it runs.
   sched::ReloadScheduler* scheduler = nullptr;
+  // Test-only: a fault the engine makes on purpose, so tests can show their checks fail.
+  TestFault test_fault;
 };
 
 struct EngineResult {

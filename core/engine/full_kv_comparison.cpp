@@ -4,6 +4,23 @@
 
 namespace vericache {
 
+OutputDiff diff_tokens(std::span<const int32_t> got, std::span<const int32_t> want) {
+  OutputDiff d;
+  for (size_t t = 0; t < std::max(got.size(), want.size()); ++t) {
+    if (t >= got.size() || t >= want.size() || got[t] != want[t]) {
+      d.mismatched_tokens += 1;
+      if (d.first_mismatch < 0) d.first_mismatch = static_cast<int64_t>(t);
+    }
+  }
+  return d;
+}
+
+OutputDiff diff_output(const GenerationResult& got, const GenerationResult& want) {
+  OutputDiff d = diff_tokens(got.tokens, want.tokens);
+  d.finish_differs = got.finish != want.finish;
+  return d;
+}
+
 Result<std::vector<GenerationResult>> full_kv_reference(const LlamaModel& model, std::span<const GenerationRequest> requests,
                                                         int64_t page_size, GenerationStats* stats) {
   VC_ASSIGN_OR_RETURN(PagePool pool, model.make_page_pool(page_size, Generator::pages_needed(model, page_size, requests)));
@@ -34,19 +51,7 @@ Result<FullKvComparison> compare_with_full_kv(const LlamaModel& model, const Eng
                             std::to_string(requests.size()) + " requests");
   }
   std::sort(out.results.begin(), out.results.end(), [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const auto& got = out.results[i].generation.tokens;
-    const auto& want = reference[i].tokens;
-    int64_t count = 0, first = -1;
-    for (size_t t = 0; t < std::max(got.size(), want.size()); ++t) {
-      if (t >= got.size() || t >= want.size() || got[t] != want[t]) {
-        count += 1;
-        if (first < 0) first = static_cast<int64_t>(t);
-      }
-    }
-    out.mismatches.push_back(count);
-    out.first_mismatch.push_back(first);
-  }
+  for (size_t i = 0; i < requests.size(); ++i) out.diffs.push_back(diff_output(out.results[i].generation, reference[i]));
   return out;
 }
 

@@ -16,11 +16,25 @@
 
 namespace vericache {
 
+// How one request's output differs from its reference: the one comparison every lossless check
+// makes (run --check, the conformance kit, the checklist, the benchmarks).
+struct OutputDiff {
+  int64_t mismatched_tokens = 0;  // positions whose token differs; each position only one output has counts
+  int64_t first_mismatch = -1;    // the first such position; -1 when the tokens agree
+  bool finish_differs = false;    // the finish reasons differ (always false for a tokens-only diff)
+
+  bool identical() const { return mismatched_tokens == 0 && !finish_differs; }
+  // Mismatches to report: the differing tokens, or 1 when only the finish reason differs.
+  int64_t mismatches() const { return mismatched_tokens > 0 ? mismatched_tokens : (finish_differs ? 1 : 0); }
+};
+OutputDiff diff_tokens(std::span<const int32_t> got, std::span<const int32_t> want);
+// Tokens and finish reason.
+OutputDiff diff_output(const GenerationResult& got, const GenerationResult& want);
+
 struct FullKvComparison {
   std::vector<EngineResult> results;  // by request, in the order of `requests`
   RequestMetrics totals;
-  std::vector<int64_t> mismatches;      // per request: positions whose token differs (a length difference counts)
-  std::vector<int64_t> first_mismatch;  // per request: the first such position, -1 when identical
+  std::vector<OutputDiff> diffs;      // per request: tokens and finish reason against the reference
 };
 
 // Full-KV greedy decoding of `requests` (Generator, all in one batch): the reference. `stats`
@@ -29,7 +43,8 @@ Result<std::vector<GenerationResult>> full_kv_reference(const LlamaModel& model,
                                                         int64_t page_size = 16, GenerationStats* stats = nullptr);
 
 // Runs `requests` together on a DraftVerifyEngine with `options` (pools sized to hold them all) and
-// compares every request's tokens with `reference` (full_kv_reference of the same requests).
+// compares every request's tokens and finish reason with `reference` (full_kv_reference of the same
+// requests).
 Result<FullKvComparison> compare_with_full_kv(const LlamaModel& model, const EngineOptions& options,
                                               std::span<const GenerationRequest> requests,
                                               const std::vector<GenerationResult>& reference, int64_t page_size = 16);
