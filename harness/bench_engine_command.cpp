@@ -2,10 +2,10 @@
 // place on the full one) against full-KV decoding in the same run, over contexts, batch sizes,
 // compressors and draft lengths.
 //
-// Per context, one prompt is cut from the text, prefilled once (every offline compressor sees the
-// prefill through update()) and compressed once per compressor; each of the B requests of a batch
-// starts from a copy of that prefill, so the requests share a prompt and advance in lockstep.
-// The full-KV baseline decodes the same copies. Every VeriCache run is checked token for token
+// Per context, request i of a batch takes the i-th stretch of `context` tokens of the text (all the
+// same stretch with --same-prompt); each prompt is prefilled once (every offline compressor sees the
+// prefill through update()) and compressed once per compressor, and the engine's requests start
+// from copies of those prefills. The full-KV baseline decodes the same prompts. Every VeriCache run is checked token for token
 // against the baseline (greedy).
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
@@ -31,17 +31,21 @@ int run_bench_engine(int argc, char** argv) {
   int64_t decode_tokens = 64, page_size = 16, prefill_chunk = 512;
   double ratio = 0.25;
   int threads = 0;
-  bool json = false;
+  bool json = false, same_prompt = false;
   po::options_description desc(
       "vericache bench-engine: decode tokens/s of VeriCache against full-KV decoding in the same run\n"
-      "(CPU, verification in place). Per context one prompt is prefilled once and compressed once per\n"
-      "compressor; the B requests of a batch decode copies of it (same prompt, lockstep windows).\n"
+      "(CPU, verification in place). Per context each request of a batch has its own prompt (the next\n"
+      "stretch of the text), prefilled once and compressed once per compressor.\n"
       "Every run is checked token for token against the full-KV baseline.\n\nOptions");
   // clang-format off
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from")
+    ("text-file", po::value(&text_file)->default_value(VC_ENGINE_BENCH_TEXT),
+     "text the prompts are cut from: files joined by commas, each plain text or a prompt set (.json); the default "
+     "is the four built prompt sets (not text the model has memorized)")
+    ("same-prompt", po::bool_switch(&same_prompt),
+     "every request decodes a copy of one prompt (the first stretch) instead of its own stretch")
     ("contexts", po::value(&contexts_arg)->default_value("2048,8000"), "comma-separated prompt lengths in tokens")
     ("batches", po::value(&batches_arg)->default_value("1,8"), "comma-separated batch sizes")
     ("compressors", po::value(&compressors_arg)->default_value("kvzip,snapkv"), "comma-separated offline compressors or quantizers (the engine packs a quantizer's cache)")
@@ -82,7 +86,8 @@ int run_bench_engine(int argc, char** argv) {
   if (Status s = check_contexts_fit(m, contexts, decode_tokens, longest_x + 1); !s.ok()) {
     return report_status("bench-engine", s);
   }
-  auto corpus = bench_corpus(m, text_file, *std::max_element(contexts.begin(), contexts.end()));
+  const int64_t prompt_count = same_prompt ? 1 : *std::max_element(batches.begin(), batches.end());
+  auto corpus = bench_corpus(m, text_file, *std::max_element(contexts.begin(), contexts.end()) * prompt_count);
   if (!corpus.ok()) return report_status("bench-engine", corpus.status());
   int64_t total_mismatches = 0;
   if (!json) {
@@ -94,39 +99,48 @@ int run_bench_engine(int argc, char** argv) {
   }
 
   for (int64_t context : contexts) {
-    const std::vector<int32_t> prompt(corpus->begin(), corpus->begin() + context);
-    // One prefill, every compressor observing it.
-    auto base_pool = m.make_page_pool(page_size, layers * (2 * (context + 160) / page_size + 4));
+    // Request i of a batch takes the i-th stretch of `context` tokens (--same-prompt: all the first).
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t i = 0; i < prompt_count; ++i)
+      prompts.emplace_back(corpus->begin() + i * context, corpus->begin() + (i + 1) * context);
+    // One prefill per prompt, every compressor observing it, then each compressor's kept set.
+    const int64_t pages_per_prompt = layers * ((context + 160) / page_size + 2);
+    auto base_pool = m.make_page_pool(page_size, (prompt_count + 1) * pages_per_prompt + 4 * layers);
     if (!base_pool.ok()) return report_error(base_pool.status());
-    SequenceKv base(layers);
-    std::vector<float> next_logits;
-    std::fprintf(stderr, "[bench-engine] context %lld: prefill\n", static_cast<long long>(context));
-    double t0 = now_seconds();
-    if (Status s = prefill_observed(m, *base_pool, base, prompt, prefill_chunk, *compressors, ratio, &next_logits);
-        !s.ok()) {
-      return report_error(s);
-    }
-    const double prefill_seconds = now_seconds() - t0;
-    std::vector<std::vector<at::Tensor>> kept(compressors->size());
+    std::vector<SequenceKv> bases(prompt_count, SequenceKv(layers));
+    std::vector<std::vector<float>> next_logits(prompt_count);
+    std::vector<std::vector<std::vector<at::Tensor>>> kept(compressors->size(),
+                                                           std::vector<std::vector<at::Tensor>>(prompt_count));
     std::vector<double> compress_seconds(compressors->size());
-    for (size_t c = 0; c < compressors->size(); ++c) {
-      std::fprintf(stderr, "[bench-engine] context %lld: %s compress\n", static_cast<long long>(context),
-                   (*compressors)[c]->name().c_str());
-      t0 = now_seconds();
-      if ((*compressors)[c]->family() == CompressorFamily::kQuantization) continue;  // the engine packs all
-      CompressedKV out;
-      const Status s = compute_kept(m, *base_pool, *(*compressors)[c], ratio, prompt, 0, base, &out);
-      (*compressors)[c]->release(0);
-      if (!s.ok()) return report_error(s);
-      kept[c] = std::move(out.kept);
-      compress_seconds[c] = now_seconds() - t0;
+    double prefill_seconds = 0;
+    for (int64_t i = 0; i < prompt_count; ++i) {
+      std::fprintf(stderr, "[bench-engine] context %lld: prefill and compress prompt %lld of %lld\n",
+                   static_cast<long long>(context), static_cast<long long>(i + 1), static_cast<long long>(prompt_count));
+      double t0 = now_seconds();
+      if (Status s = prefill_observed(m, *base_pool, bases[i], prompts[i], prefill_chunk, *compressors, ratio,
+                                      &next_logits[i]);
+          !s.ok()) {
+        return report_error(s);
+      }
+      prefill_seconds += now_seconds() - t0;
+      for (size_t c = 0; c < compressors->size(); ++c) {
+        if ((*compressors)[c]->family() == CompressorFamily::kQuantization) continue;  // the engine packs all
+        t0 = now_seconds();
+        CompressedKV out;
+        const Status s = compute_kept(m, *base_pool, *(*compressors)[c], ratio, prompts[i], 0, bases[i], &out);
+        (*compressors)[c]->release(0);
+        if (!s.ok()) return report_error(s);
+        kept[c][i] = std::move(out.kept);
+        compress_seconds[c] += now_seconds() - t0;
+      }
     }
 
     for (int64_t batch : batches) {
       // Full-KV baseline: B copies of the prefill, one token per request per step.
       std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: full-KV baseline\n",
                    static_cast<long long>(context), static_cast<long long>(batch));
-      const std::vector<PrefilledPrompt> copies(batch, PrefilledPrompt{&base, next_logits});
+      std::vector<PrefilledPrompt> copies;
+      for (int64_t i = 0; i < batch; ++i) copies.push_back({&bases[i % prompt_count], next_logits[i % prompt_count]});
       auto full = decode_full_kv(m, copies, *base_pool, decode_tokens, page_size);
       if (!full.ok()) return report_error(full.status());
       const double baseline_step_ms = full->step_ms();
@@ -144,7 +158,7 @@ int run_bench_engine(int argc, char** argv) {
           StepTimes times;
           options.sink = &times;
           GenerationRequest request;
-          request.prompt = prompt;
+          request.prompt = prompts[0];  // every prompt has `context` tokens: one request sizes them all
           request.max_new_tokens = decode_tokens;
           request.ignore_eos = true;
           const auto need = DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, request);
@@ -154,11 +168,13 @@ int run_bench_engine(int argc, char** argv) {
             return report_error(device_pool.ok() ? host_pool.status() : device_pool.status());
           DraftVerifyEngine engine(m, *device_pool, *host_pool, options);
           for (int64_t i = 0; i < batch; ++i) {
-            auto id = engine.add_prefilled(request, base, *base_pool, next_logits, kept[c]);
+            const int64_t p = i % prompt_count;
+            request.prompt = prompts[p];
+            auto id = engine.add_prefilled(request, bases[p], *base_pool, next_logits[p], kept[c][p]);
             if (!id.ok()) return report_error(id.status());
           }
           engine.admit();  // copies the prefill, builds KV_comp, takes the first tokens: not decode time
-          t0 = now_seconds();
+          const double t0 = now_seconds();
           if (Status s = engine.run(); !s.ok()) return report_error(s);
           const double seconds = now_seconds() - t0;
           const std::vector<EngineResult> results = engine.take_finished();
@@ -188,6 +204,9 @@ int run_bench_engine(int argc, char** argv) {
                                {"prefill_seconds", prefill_seconds},
                                {"compress_seconds", compress_seconds[c]},
                                {"threads", ThreadPool::global().threads()},
+                               {"prompts", same_prompt ? "one prompt, copied to every request"
+                                                       : "a different stretch of the text per request"},
+                               {"text", text_file},
                                {"model", m.path()}};
             std::cout << out.dump() << std::endl;
           } else {
@@ -202,7 +221,7 @@ int run_bench_engine(int argc, char** argv) {
         }
       }
     }
-    base.release(*base_pool);
+    for (SequenceKv& b : bases) b.release(*base_pool);
   }
   if (total_mismatches > 0) {
     return report_error(Status::internal(std::to_string(total_mismatches) + " tokens differ from full-KV decoding"));

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "cli_common.h"
+#include "prompt_set.h"
 #include "engine/compression.h"
 #include "engine/full_kv_comparison.h"
 #include "engine/sampler.h"
@@ -60,12 +61,22 @@ Status check_contexts_fit(const LlamaModel& model, const std::vector<int64_t>& c
   return Status();
 }
 
-Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_file, int64_t tokens_needed) {
-  VC_ASSIGN_OR_RETURN(MappedFile file, MappedFile::open(text_file));
-  const std::string text(reinterpret_cast<const char*>(file.data()), file.size());
+Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_files, int64_t tokens_needed) {
+  std::string text;
+  std::stringstream list(text_files);
+  for (std::string path; std::getline(list, path, ',');) {
+    if (!text.empty()) text += "\n\n";
+    if (path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+      VC_ASSIGN_OR_RETURN(const std::vector<PromptEntry> prompts, read_prompt_set(path));
+      for (size_t i = 0; i < prompts.size(); ++i) text += (i ? "\n\n" : "") + prompts[i].text;
+    } else {
+      VC_ASSIGN_OR_RETURN(MappedFile file, MappedFile::open(path));
+      text.append(reinterpret_cast<const char*>(file.data()), file.size());
+    }
+  }
   std::vector<int32_t> corpus = model.tokenizer().encode(text, false);
   if (static_cast<int64_t>(corpus.size()) < tokens_needed) {
-    return Status::invalid_argument(text_file + " has " + std::to_string(corpus.size()) + " tokens, fewer than the " +
+    return Status::invalid_argument(text_files + " has " + std::to_string(corpus.size()) + " tokens, fewer than the " +
                                     std::to_string(tokens_needed) + " the prompts need");
   }
   return corpus;

@@ -37,10 +37,12 @@ Result<std::vector<std::shared_ptr<Compressor>>> load_offline_compressors(const 
 Status check_contexts_fit(const LlamaModel& model, const std::vector<int64_t>& contexts, int64_t decode_tokens,
                           int64_t window);
 
-// The token ids of `text_file` (no chat template, no BOS); the prompt of context C is its first C
-// tokens. InvalidArgument "<file> has N tokens, fewer than the K the prompts need" when the file
-// holds fewer than `tokens_needed` tokens.
-Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_file, int64_t tokens_needed);
+// The token ids (no chat template, no BOS) of the text in `text_files`: one path or several joined
+// by commas, each a plain text file or a prompt set (.json, harness/prompt_set.h: its prompts' texts
+// in order), joined by blank lines. The prompt of context C is its first C tokens (or, for distinct
+// requests, the i-th stretch of C tokens). InvalidArgument "<files> has N tokens, fewer than the K
+// the prompts need" when the text holds fewer than `tokens_needed` tokens.
+Result<std::vector<int32_t>> bench_corpus(const LlamaModel& model, const std::string& text_files, int64_t tokens_needed);
 
 // The prompt of context `context` cut from `corpus`: its first `context` tokens when `question` is
 // empty; otherwise a chat-template user message "<question>\n\n<text>" whose text is the opening of

@@ -6,10 +6,12 @@
 //   2. Acceptance: the draft-verify engine at each draft length x: accepted length per verify,
 //      acceptance per draft position, gamma(x, c) = accepted / drafted; then at x, gamma as c falls
 //      (the acceptance cliff), as the temperature rises (sampled) and as the context grows (a few
-//      prompts per length cut from a long text). Holds: every greedy run's
-//      tokens are full-KV greedy decoding's.
+//      prompts per length cut from a long text). Holds: every greedy run's tokens are full-KV
+//      greedy decoding's, and gamma at each x is at most a stated band below the committed
+//      baseline for this configuration (checklist_baseline.h; not judged without one).
 //   3. Throughput model: Eq. 3's iteration time at each x, its constants fitted to the forwards of
-//      the runs at the other draft lengths, against the measured one. Holds: median |error| <= 25%.
+//      the runs at the other draft lengths, against the measured one. Holds: median |error| <= 15%
+//      (not judged when this machine's speed moved by more than that between the runs, measured).
 //   4. End-to-end: VeriCache at (c, x) against full-KV decoding on the prompt set: token mismatches,
 //      and KL(p_full || p_VeriCache) of every output token's distribution. Holds: 0 mismatches and
 //      every KL < 0.01 nats.
@@ -22,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -36,6 +39,7 @@
 #include <unistd.h>
 
 #include "bench_support.h"
+#include "checklist_baseline.h"
 #include "checklist_figures.h"
 #include "checklist_trace.h"
 #include "cli_common.h"
@@ -646,13 +650,14 @@ Result<std::string> decode_speeds(const Setup& s, const std::vector<GenerationRe
 // with KV_full the mean full cache (prompt + half the output) and c the ratio. No link term: the
 // engine here verifies in place (bench-reload measures reloads over an emulated link). Measured:
 // the mean of a run's forwards that carried every request. Holds: the median |error| over the
-// draft lengths <= 25%. Not tighter, because on this 2-core machine all the forwards of one run can
-// take ~1.5x those of the next (measured: draft-only forwards of 7.5 ms in one run, 12 ms in the
-// next, same shapes, with or without torch's OpenMP threads); the verdict prints that spread (the
-// median draft-only forward of each run, fastest and slowest) beside the errors.
+// draft lengths <= 15%. Not judged (NOT MEASURED, with the measured reason) when the error is
+// larger and this machine's own speed moved by more than 15% between the runs: on this 2-core VM
+// whole runs switch between ~7.5 ms and ~12 ms draft-only forwards (same shapes, with or without
+// torch's OpenMP threads), which a fit to the other runs cannot absorb. The drift is measured by
+// the median draft-only forward of each run (the same work in every run), printed beside the errors.
 Verdict throughput_model(const Setup& s, const std::vector<EngineRun>& runs, int64_t chosen_x, int64_t max_tokens,
                          Trace& trace) {
-  constexpr double kHoldsWithin = 0.25;
+  constexpr double kHoldsWithin = 0.15;
   const LlamaModel& m = *s.model;
   const LlamaConfig& cfg = m.config();
   const double slot_bytes = 2.0 * static_cast<double>(cfg.n_kv_heads * cfg.head_dim * at::elementSize(m.dtype()));
@@ -736,21 +741,34 @@ Verdict throughput_model(const Setup& s, const std::vector<EngineRun>& runs, int
   std::sort(abs_errors.begin(), abs_errors.end());
   const size_t n = abs_errors.size();
   const double median = n % 2 ? abs_errors[n / 2] : 0.5 * (abs_errors[n / 2 - 1] + abs_errors[n / 2]);
-  const auto [fastest, slowest] = std::minmax_element(draft_medians.begin(), draft_medians.end());
-  const std::string spread = draft_medians.empty() ? std::string()
-                                                   : "; the runs' median draft-only forward ranged " +
-                                                         fmt("%.1f", 1e3 * *fastest) + "-" + fmt("%.1f", 1e3 * *slowest) + " ms";
-  return Verdict{3, "Throughput model", median <= kHoldsWithin ? 1 : 0,
+  // The runs' median draft-only forward: the same work in every run, so its spread is how far this
+  // machine's own speed moved between the runs.
+  double drift = 0;
+  std::string spread;
+  if (!draft_medians.empty()) {
+    const auto [fastest, slowest] = std::minmax_element(draft_medians.begin(), draft_medians.end());
+    drift = *slowest / *fastest - 1.0;
+    spread = "; the runs' median draft-only forward ranged " + fmt("%.1f", 1e3 * *fastest) + "-" +
+             fmt("%.1f", 1e3 * *slowest) + " ms (" + fmt("%.0f%%", 100 * drift) + ")";
+  }
+  int holds = median <= kHoldsWithin ? 1 : 0;
+  std::string reason;
+  if (holds == 0 && drift > kHoldsWithin) {
+    holds = -1;
+    reason = "; not judged: this machine's speed moved by more than the bound between the runs (the draft-only "
+             "forwards above), so their leave-one-out fit cannot resolve 15%; rerun on an idle machine";
+  }
+  return Verdict{3, "Throughput model", holds,
                  "iteration time, B = " + std::to_string(batch) + ", each x predicted from the other runs: error " + per_x +
-                     "; median |error| " + fmt("%.1f%%", 100 * median) + chosen + spread +
-                     " (holds: median |error| <= 25%)"};
+                     "; median |error| " + fmt("%.1f%%", 100 * median) + chosen + spread + reason +
+                     " (holds: median |error| <= 15%)"};
 }
 
 }  // namespace
 
 int run_checklist(int argc, char** argv) {
   std::string model_arg, compressor_arg, params = "{}", xs_arg, ratios_arg, temperatures_arg, contexts_arg, out_dir,
-      prompt_set_path, python, context_text;
+      prompt_set_path, python, context_text, baselines_path;
   std::vector<std::string> plugin_dirs;
   double ratio = 0.25;
   int64_t x = 25, n_prompts = 0, kl_steps = 0, max_tokens = 0, context_prompts = 0;
@@ -782,6 +800,8 @@ int run_checklist(int argc, char** argv) {
      "prompts per length in the context sweep, run together (default 2; --quick 1)")
     ("context-text", po::value(&context_text)->default_value(VC_DEFAULT_BENCH_TEXT),
      "the text the context sweep's prompts are cut from (for length N, prompt j is its tokens [jN, (j + 1)N))")
+    ("baselines", po::value(&baselines_path)->default_value(VC_SOURCE_DIR "/harness/checklist/acceptance_baselines.json"),
+     "step 2's committed gamma(x) per configuration, which a run may fall below by at most the file's band")
     ("prompt-set", po::value(&prompt_set_path)->default_value(VC_CHECKLIST_PROMPTS),
      "prompt set (JSON: {\"prompts\": [{\"name\", \"chat\", \"text\"}]}), e.g. datasets/long_code/prompts.json")
     ("prompts", po::value(&n_prompts), "the set's first N prompts to run (default 4; --quick 2)")
@@ -839,6 +859,10 @@ int run_checklist(int argc, char** argv) {
     ratios.clear();
   }
   if (Status fit = check_contexts_fit(m, contexts, max_tokens, x + 1); !fit.ok()) return report_status("checklist", fit);
+  // Step 2's baseline, read now: a bad file is reported before the run, not after it.
+  const auto baseline = find_acceptance_baseline(
+      baselines_path, BaselineKey{m.path(), (*compressor)->name(), params, ratio, prompt_set_path, n_prompts, max_tokens});
+  if (!baseline.ok()) return report_status("checklist", baseline.status());
   std::vector<int32_t> corpus;
   if (!contexts.empty()) {
     auto text = bench_corpus(m, context_text, *std::max_element(contexts.begin(), contexts.end()) * context_prompts);
@@ -874,8 +898,14 @@ int run_checklist(int argc, char** argv) {
   auto by_context = context_sweep(setup, corpus, contexts, context_prompts, x, max_tokens, trace);
   if (!by_context.ok()) return report_error(by_context.status());
   Verdict acceptance = engine_steps->acceptance;
-  if (!sweeps->all_identical || !by_context->all_identical) acceptance.holds = 0;
-  acceptance.summary += sweeps->summary + by_context->summary + " (holds: every greedy run identical)";
+  const bool identical = acceptance.holds == 1 && sweeps->all_identical && by_context->all_identical;
+  std::map<int64_t, double> gammas;
+  for (const EngineRun& run : engine_steps->runs) gammas[run.x] = run.gamma;
+  const AcceptanceJudgement judged = judge_acceptance(gammas, *baseline, baselines_path);
+  acceptance.holds = identical ? judged.holds : 0;
+  acceptance.summary += sweeps->summary + by_context->summary + judged.summary +
+                        " (holds: every greedy run identical, and gamma at each x at most the band below the "
+                        "committed baseline)";
   verdicts.push_back(acceptance);
   verdicts.push_back(throughput_model(setup, engine_steps->runs, x, max_tokens, trace));
   const auto chosen = std::find_if(engine_steps->runs.begin(), engine_steps->runs.end(),

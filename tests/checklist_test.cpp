@@ -19,22 +19,31 @@ namespace {
 using testing::CliRun;
 using testing::run_vericache;
 
-// The quick checklist on the default model and KVzip: four verdict lines, the measured steps 1, 2
-// and 4 hold (every output token's distribution exactly full-KV decoding's: KL 0), and the trace in a new run folder has the documented layout — read by our reader and
-// by h5py (harness/checklist/check_trace.py). Step 3 compares timings, so whether it holds is not
-// asserted here (a loaded machine may fail it); that its line carries both numbers is, and that
-// the exit status is 1 exactly when a verdict fails.
+// The quick checklist on the default model and KVzip: four verdict lines; steps 1, 2 and 4 hold
+// (step 2 against the committed baseline for this configuration; every output token's distribution
+// exactly full-KV decoding's: KL 0); step 3 holds (median error <= 15%), or is not judged because
+// this machine's speed moved by more than 15% between the runs, which its line then shows; the exit
+// status is 0 (no verdict fails); the trace in a new run folder has the documented layout — read by
+// our reader and by h5py (harness/checklist/check_trace.py).
 TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   const std::string out = testing::temp_dir() + "/runs";
   const CliRun r = run_vericache("checklist --quick --out-dir " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::string step3 = "iteration time, B = 2, each x predicted from the other runs: error ";
-  const bool step3_holds = r.out.find("\n3. Throughput model  HOLDS         " + step3) != std::string::npos;
-  const bool step3_fails = r.out.find("\n3. Throughput model  FAILS         " + step3) != std::string::npos;
-  EXPECT_TRUE(step3_holds || step3_fails) << r.out;
+  const size_t holds3 = r.out.find("\n3. Throughput model  HOLDS         " + step3);
+  const size_t unjudged3 = r.out.find("\n3. Throughput model  NOT MEASURED  " + step3);
+  ASSERT_TRUE(holds3 != std::string::npos || unjudged3 != std::string::npos) << r.out;
   EXPECT_NE(r.out.find("; at x = 25 Eq. 3 predicts "), std::string::npos) << r.out;
-  ASSERT_EQ(r.exit_code, step3_holds ? 0 : 1) << r.out << r.err;
+  if (unjudged3 != std::string::npos) {
+    // Not judged only for the stated, measured reason: the draft-only forwards moved by more than 15%.
+    const size_t ranged = r.out.find(" ms (", unjudged3);
+    ASSERT_NE(ranged, std::string::npos) << r.out;
+    EXPECT_GT(std::stod(r.out.substr(ranged + 5)), 15.0) << r.out;
+    EXPECT_NE(r.out.find("; not judged: this machine's speed moved by more than the bound", unjudged3), std::string::npos);
+  }
   for (const char* line : {"\n1. KL growth         HOLDS         mean KL ", "\n2. Acceptance        HOLDS         gamma(x, c = 0.25) for x = 5: ", "; at x = 25, gamma by c 0.1: ",
                            "; gamma by temperature (sampled) 0.7: ", "; gamma by context (tokens, 1 prompt) 1024: ",
+                           "; gamma within 0.02 of the committed baseline or above at x = 5, 10, 25 (closest: ",
                            "\n4. End-to-end        HOLDS         0 token mismatches in 48 tokens of 2 prompts (0 prompts differ); "
                            "KL(full-KV || VeriCache) per token over 48 tokens: mean 0, max 0 nats;"}) {
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
@@ -154,14 +163,25 @@ TEST(Checklist, FiguresErrorsSayWhatToDo) {
 
 // A quantizer runs the checklist too: it keeps every token (c = 1, no c sweep), its cache is packed
 // as the engine packs one, and VeriCache is still full-KV decoding token for token. -c is refused.
+// Step 2 fails when gamma falls below the committed baseline by more than the band.
 TEST(Checklist, QuantizerRunsWithoutAKeptFraction) {
   const std::string out = testing::temp_dir() + "/runs";
+  // Step 2 judged against a baseline no drafter reaches at x = 5 (gamma 1) and one any reaches at
+  // x = 10 (gamma 0): it fails, naming x = 5 only, and the exit status is 1.
+  const std::string baselines = testing::temp_dir() + "/baselines.json";
+  std::ofstream(baselines) << R"({"band": 0.02, "baselines": [{"model_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+      "compressor": "kivi", "params": "{}", "ratio": 1.0, "prompt_set": "lossless_prompts/prompts.json",
+      "prompts": 2, "max_tokens": 16, "gamma": {"5": 1.0, "10": 0.0}, "source": "a test's"}]})";
   const CliRun r = run_vericache("checklist --quick --compressor kivi --draft-lengths 5,10 -x 10 --temperatures none "
-                                 "--contexts none --kl-steps 16 --max-tokens 16 --out-dir " + out);
-  ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 1) << r.out << r.err;  // step 3 is timing (see above)
+                                 "--contexts none --kl-steps 16 --max-tokens 16 --baselines " + baselines +
+                                 " --out-dir " + out);
+  ASSERT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("; gamma below the committed baseline by more than 0.02 at x = 5: 0."), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(" < 1.000 (baseline a test's)"), std::string::npos) << r.out;
   for (const char* line : {"vericache checklist: kivi on ", ", c = 1, x = 10, 2 prompts\n",
                            "\n1. KL growth         HOLDS         mean KL ",
-                           "\n2. Acceptance        HOLDS         gamma(x, c = 1) for x = 5: ",
+                           "\n2. Acceptance        FAILS         gamma(x, c = 1) for x = 5: ",
                            "\n4. End-to-end        HOLDS         0 token mismatches in 32 tokens of 2 prompts"}) {
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   }

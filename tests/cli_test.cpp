@@ -640,6 +640,31 @@ TEST(Cli, RunCheckFailsAndNamesTheFirstMismatchWhenAVerifyRowIsPerturbed) {
       << bad.err;
 }
 
+// bench-engine gives each request of a batch its own stretch of the text (a prompt set read as text
+// here), checks VeriCache against full-KV decoding on those prompts, and says which prompts it used;
+// a text too short for batch x context tokens is refused with the numbers.
+TEST(Cli, BenchEngineDecodesDistinctPromptsPerRequest) {
+  const std::string set = testing::source_path("datasets/lossless_prompts/prompts.json");
+  const CliRun r = run_vericache("bench-engine --json --contexts 256 --batches 2 --compressors snapkv --draft-lengths 4 "
+                                 "--decode-tokens 8 --text-file " + set);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto row = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+  EXPECT_EQ(row["mismatches"], 0);
+  EXPECT_EQ(row["batch"], 2);
+  EXPECT_EQ(row["prompts"], "a different stretch of the text per request");
+  EXPECT_EQ(row["text"], set);
+  const CliRun same = run_vericache("bench-engine --json --contexts 256 --batches 2 --compressors snapkv "
+                                    "--draft-lengths 4 --decode-tokens 8 --same-prompt --text-file " + set);
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(nlohmann::json::parse(same.out.substr(0, same.out.find('\n')))["prompts"],
+            "one prompt, copied to every request");
+  const std::string tiny = testing::temp_dir() + "/tiny.txt";
+  std::ofstream(tiny) << "a few words only";
+  const CliRun refused = run_vericache("bench-engine --contexts 256 --batches 2 --compressors snapkv --text-file " + tiny);
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_NE(refused.err.find(tiny + " has 4 tokens, fewer than the 512 the prompts need"), std::string::npos) << refused.err;
+}
+
 TEST(Cli, RunRejectsBadOptionsWithOneLine) {
   const std::map<std::string, std::string> cases = {
       {"run -p hi --draft-length 0", "vericache run: --draft-length must be in [1, 256], got 0\n"},

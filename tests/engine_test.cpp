@@ -69,8 +69,11 @@ std::shared_ptr<Compressor> plugin(const std::string& name) {
   return testing::bundled_compressor(name, testing::params_for(name), *testing::default_model());
 }
 
-// The CI subset of the lossless matrix: every plugin at every ratio, every draft length and both
-// batch sizes, both ways of keeping accepted K/V; 40-token greedy continuations of medium prompts.
+// The CI subset of the lossless matrix: every token dropper at every ratio class (0.1, 0.25, 0.5),
+// every draft-length class (1, 4, 16, 32) and both batch sizes, both ways of keeping accepted K/V
+// (drafted K/V at x > 1 too), the strongest compression (c = 0.1) with a long window (x = 16) at
+// batch 8, all through the engine's own prefill and compression; 32-token greedy continuations of
+// medium prompts. The plugins share each case's prompts, so full-KV decoding of them runs once.
 TEST(Lossless, EveryPluginRatioDraftLengthAndBatch) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
@@ -78,11 +81,21 @@ TEST(Lossless, EveryPluginRatioDraftLengthAndBatch) {
     double ratio;
     int64_t x;
     int batch;
+    DraftKv draft_kv;
   };
-  const std::vector<Case> cases = {{0.1, 1, 8}, {0.25, 4, 1}, {0.5, 16, 8}, {0.25, 32, 1}};
-  const int64_t max_tokens = 40;
-  std::printf("%-20s %5s %3s %5s %-8s %9s %9s\n", "plugin", "c", "x", "batch", "draft_kv", "accept", "mean_len");
+  const std::vector<Case> cases = {{0.1, 16, 8, DraftKv::kVerified},
+                                   {0.25, 4, 1, DraftKv::kDrafted},
+                                   {0.5, 32, 8, DraftKv::kDrafted},
+                                   {0.1, 1, 1, DraftKv::kVerified}};
+  const int64_t max_tokens = 32;
+  std::vector<std::vector<GenerationRequest>> requests(cases.size());
+  std::vector<std::vector<GenerationResult>> references(cases.size());
   int prompt_offset = 0;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    for (int b = 0; b < cases[k].batch; ++b) requests[k].push_back(request_for(medium(prompt_offset++), max_tokens));
+    references[k] = full_kv(*m, requests[k]);
+  }
+  std::printf("%-20s %5s %3s %5s %-8s %9s %9s\n", "plugin", "c", "x", "batch", "draft_kv", "accept", "mean_len");
   std::vector<std::string> names = testing::bundled_plugin_names(CompressorFamily::kTokenDropping);
   names.insert(names.begin(), "none");
   for (const std::string& name : names) {
@@ -93,17 +106,15 @@ TEST(Lossless, EveryPluginRatioDraftLengthAndBatch) {
     for (size_t k = 0; k < cases.size(); ++k) {
       const Case& c = cases[k];
       if (name == "none" && k > 0) break;  // the identity: one case is enough
-      std::vector<GenerationRequest> requests;
-      for (int b = 0; b < c.batch; ++b) requests.push_back(request_for(medium(prompt_offset++), max_tokens));
       EngineOptions options;
       options.compressor = compressor.get();
       options.ratio = c.ratio;
       options.draft_length = name == "none" ? 32 : c.x;
-      options.draft_kv = k % 2 == 0 ? DraftKv::kVerified : DraftKv::kDrafted;
-      const EngineRun run = run_engine(*m, options, requests);
+      options.draft_kv = c.draft_kv;
+      const EngineRun run = run_engine(*m, options, requests[k]);
       const std::string label = name + " c=" + std::to_string(c.ratio) + " x=" + std::to_string(options.draft_length) +
-                                " batch=" + std::to_string(c.batch);
-      expect_identical(run, full_kv(*m, requests), label);
+                                " batch=" + std::to_string(c.batch) + " " + draft_kv_name(c.draft_kv);
+      expect_identical(run, references[k], label);
       for (const EngineResult& r : run.results) {
         EXPECT_EQ(r.compressor_failure, "") << label;
         if (name != "none") {
@@ -123,8 +134,9 @@ TEST(Lossless, EveryPluginRatioDraftLengthAndBatch) {
 
 // Each quantizer as the drafter at every bit width: its packed pages are what drafting reads (KIVI
 // keeps a residual of one block of 32 tokens, RotateKV and KVQuant of at most one page, so nearly
-// the whole prompt is packed), and the output is still full-KV greedy; draft lengths 1 to 25, batch 1 and 8,
-// both ways of keeping accepted K/V. RotateKV sees the prompts' prefill and keeps their sinks.
+// the whole prompt is packed), and the output is still full-KV greedy; draft lengths 1 to 25, the
+// strongest (2 bits) at batch 8, both ways of keeping accepted K/V (drafted at x = 4). RotateKV sees
+// the prompts' prefill and keeps their sinks. The quantizers share each case's prompts.
 TEST(Lossless, QuantizersAtEveryBitWidth) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
@@ -133,7 +145,7 @@ TEST(Lossless, QuantizersAtEveryBitWidth) {
     int64_t x;
     int batch;
   };
-  const std::vector<Case> cases = {{2, 25, 1}, {3, 4, 8}, {4, 16, 1}, {8, 1, 1}};
+  const std::vector<Case> cases = {{2, 25, 8}, {3, 4, 1}, {4, 16, 1}, {8, 1, 1}};
   // Per quantizer: its parameters besides bits, the bytes of its parameters per byte of a float slot
   // (KIVI, RotateKV: two 16-bit numbers per group of G keys and of G values, 1 / G; KVQuant: a value
   // range and 4 bytes per outlier, 2 outliers of 192 channels for keys and for values, over 2 * 192 *
@@ -149,22 +161,26 @@ TEST(Lossless, QuantizersAtEveryBitWidth) {
       {"rotatekv", "\"calibration\": \"" + testing::rotatekv_calibration(m->path()) + "\"", 1.0 / head_dim, 16},
       {"kvquant", "\"calibration\": \"" + testing::kvquant_calibration(m->path()) + "\"", (4.0 + 2 * 2 * 4) / (2 * 192 * 4),
        16}};
+  std::vector<std::vector<GenerationRequest>> requests(cases.size());
+  std::vector<std::vector<GenerationResult>> references(cases.size());
   int prompt_offset = 20;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    for (int b = 0; b < cases[k].batch; ++b) requests[k].push_back(request_for(medium(prompt_offset++), 40));
+    references[k] = full_kv(*m, requests[k]);
+  }
   for (const Quantizer& q : quantizers) {
     for (size_t k = 0; k < cases.size(); ++k) {
       const Case& c = cases[k];
       auto compressor =
           testing::bundled_compressor(q.name, "{\"bits\": " + std::to_string(c.bits) + ", " + q.params + "}", *m);
       ASSERT_NE(compressor, nullptr);
-      std::vector<GenerationRequest> requests;
-      for (int b = 0; b < c.batch; ++b) requests.push_back(request_for(medium(prompt_offset++), 40));
       EngineOptions options;
       options.compressor = compressor.get();
       options.draft_length = c.x;
       options.draft_kv = k % 2 == 0 ? DraftKv::kVerified : DraftKv::kDrafted;
-      const EngineRun run = run_engine(*m, options, requests);
+      const EngineRun run = run_engine(*m, options, requests[k]);
       const std::string label = q.name + " bits=" + std::to_string(c.bits) + " x=" + std::to_string(c.x);
-      expect_identical(run, full_kv(*m, requests), label);
+      expect_identical(run, references[k], label);
       for (const EngineResult& r : run.results) EXPECT_EQ(r.compressor_failure, "") << label;
       // Packed slots cost bits / 32 of a float slot plus their parameters; the float residual adds
       // at most `residual` float slots per layer.
@@ -185,7 +201,8 @@ TEST(Lossless, QuantizersAtEveryBitWidth) {
   }
 }
 
-// Long prompts (2K-3.5K tokens): every plugin at c = 0.25, two requests per engine.
+// Long prompts (2K-3.5K tokens): every plugin at c = 0.25, two requests per engine. Slow suite only
+// (tests/CMakeLists.txt: VC_SLOW_TESTS); CI's long prompt is Lossless.Qwen2EveryPlugin's.
 TEST(Lossless, LongPrompts) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
@@ -209,11 +226,19 @@ TEST(Lossless, LongPrompts) {
 
 // Qwen2.5-Coder 0.5B (qwen2): two medium prompts and one of 2K+ tokens in one batch, every plugin
 // (droppers at c = 0.25, quantizers at 2 bits; RotateKV's keys rotated two KV heads together) with
-// x = 4 and 16: every request identical to full-KV decoding.
+// x = 16: every request identical to full-KV decoding.
 TEST(Lossless, Qwen2EveryPlugin) {
   const LlamaModel* m = testing::qwen_model();
   ASSERT_NE(m, nullptr);
-  testing::expect_every_plugin_lossless(*m, "Qwen2.5-Coder 0.5B", {4, 16});
+  testing::expect_every_plugin_lossless(*m, "Qwen2.5-Coder 0.5B", {16});
+}
+
+// The same at x = 4: more verify rounds, so more rollbacks of the full cache. Slow suite only
+// (tests/CMakeLists.txt: VC_SLOW_TESTS).
+TEST(Lossless, Qwen2EveryPluginShortDrafts) {
+  const LlamaModel* m = testing::qwen_model();
+  ASSERT_NE(m, nullptr);
+  testing::expect_every_plugin_lossless(*m, "Qwen2.5-Coder 0.5B", {4});
 }
 
 TEST(Engine, SmallPoolMakesRequestsWaitNotFail) {

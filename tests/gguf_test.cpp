@@ -14,7 +14,9 @@
 
 #include "model/ggml_dequant.h"
 #include "model/gguf_file.h"
+#include "model/chat_template.h"
 #include "model/llama_config.h"
+#include "model/tokenizer.h"
 #include "test_support.h"
 
 namespace vericache {
@@ -261,6 +263,29 @@ TEST(ModelMetadata, FuzzRegressionInputsAreRefusedWithTheirReason) {
     auto file = GgufFile::open(path);
     ASSERT_TRUE(file.ok()) << file.status().message();
     EXPECT_EQ(LlamaConfig::from_gguf(*file).status().message(), path + ": " + message);
+  }
+}
+
+// The fuzzer's model seeds pass every check it runs, so mutations start deep in the reader: the
+// configuration (llama, and qwen2 with its biases and pre-tokenizer), the tokenizer, the chat
+// template and every tensor's dequantization (F32, F16, Q8_0, Q4_K, Q6_K).
+TEST(ModelMetadata, FuzzSeedsPassEveryCheck) {
+  for (const char* name : {"tiny_llama_f32", "tiny_llama_f16", "tiny_llama_q8_0", "tiny_qwen2_q8_0", "tiny_qwen2_q4_k",
+                           "tiny_qwen2_q6_k"}) {
+    const std::string path = source_path(std::string("tests/fuzz/seeds/gguf/") + name + ".gguf");
+    auto file = GgufFile::open(path);
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    auto config = LlamaConfig::from_gguf(*file);
+    ASSERT_TRUE(config.ok()) << name << ": " << config.status().message();
+    EXPECT_EQ(config->attention_bias, std::string(name).find("qwen2") != std::string::npos) << name;
+    auto tok = Tokenizer::from_gguf(*file);
+    ASSERT_TRUE(tok.ok()) << name << ": " << tok.status().message();
+    EXPECT_FALSE(tok->encode("hello world", false).empty()) << name;
+    EXPECT_TRUE(ChatTemplate::from_gguf(*file).ok()) << name;
+    for (const GgufTensorInfo& t : file->tensors()) {
+      std::vector<float> out(static_cast<size_t>(t.n_elements));
+      EXPECT_TRUE(dequantize(t.type, t.data, t.n_elements, out.data()).ok()) << name << ": " << t.name;
+    }
   }
 }
 

@@ -10,10 +10,13 @@
 //                             also recorded in the JSON file beside it (same name, .json), replacing
 //                             an earlier record of the same prompts; the table sums every recorded
 //                             group, so shards run at different times add up to the whole matrix.
-// To keep it affordable the offline plugins share work: each group of 8 prompts is prefilled once
-// with every offline plugin observing, each plugin compresses once per ratio, and every (x, batch)
-// case starts its requests from copies of that prefill (DraftVerifyEngine::add_prefilled). KVzap,
-// an online compressor whose state starts at the prefill, runs every case from its own prefill.
+// Every batch-8 case runs through the engine's own prefill and compression (add_request). To keep
+// the batch-1 cases affordable the offline plugins share work there: each group of 8 prompts is
+// prefilled once with every offline plugin observing, each plugin compresses once per ratio, and
+// every batch-1 case starts its request from a copy of that prefill (DraftVerifyEngine::
+// add_prefilled). KVzap, an online compressor whose state starts at the prefill, prefills itself.
+// KV_comp keeps verified K/V or drafted K/V alternately over (ratio, draft length), so each ratio
+// and each draft length runs in both modes.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -27,6 +30,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 
 #include "compression_support.h"
@@ -55,6 +59,12 @@ struct Prefilled {
 struct CaseResult {
   int64_t requests = 0, mismatched = 0, drafts = 0, accepted = 0, drafted = 0;
 };
+
+// Which K/V accepted tokens keep in KV_comp: the two modes alternate over ratios and draft lengths,
+// so every draft length and every ratio runs in both.
+DraftKv draft_kv_for(size_t ratio_index, size_t x_index) {
+  return (ratio_index + x_index) % 2 == 0 ? DraftKv::kVerified : DraftKv::kDrafted;
+}
 
 // Runs `requests` through one engine and counts the requests whose output differs from `reference`.
 void run_case(const LlamaModel& m, const EngineOptions& options, const std::vector<GenerationRequest>& requests,
@@ -131,6 +141,12 @@ const std::string& source_commit() {
   return commit;
 }
 
+// The CPU's model name (/proc/cpuinfo), named beside every timing.
+std::string cpu_name() {
+  const std::string name = shell_output("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'");
+  return name.empty() ? "unknown CPU" : name;
+}
+
 std::string today() {
   const std::time_t now = std::time(nullptr);
   char buf[16];
@@ -153,7 +169,7 @@ void record_group(const std::string& path, size_t g0, size_t g1, double seconds,
   for (const nlohmann::json& g : record.at("groups"))
     if (g.at("first") != g0) groups.push_back(g);
   groups.push_back({{"first", g0}, {"end", g1}, {"commit", source_commit()}, {"date", today()},
-                    {"seconds", std::round(seconds)}, {"cases", cases}});
+                    {"seconds", std::round(seconds)}, {"cpu", cpu_name()}, {"cases", cases}});
   std::sort(groups.begin(), groups.end(),
             [](const nlohmann::json& a, const nlohmann::json& b) { return a.at("first") < b.at("first"); });
   record["groups"] = groups;
@@ -176,6 +192,7 @@ std::string matrix_markdown(const nlohmann::json& record, const std::string& md_
     groups_text += "  - prompts " + std::to_string(first) + "-" + std::to_string(end - 1) + ": commit `" +
                    g.at("commit").get<std::string>() + "`, " + g.at("date").get<std::string>() + ", " +
                    std::to_string(static_cast<int64_t>(g.at("seconds").get<double>())) + " s" +
+                   (g.contains("cpu") ? " on " + g.at("cpu").get<std::string>() : "") +
                    (g.contains("note") ? " (" + g.at("note").get<std::string>() + ")" : "") + "\n";
     for (const nlohmann::json& c : g.at("cases")) {
       CaseResult& r = sum[c.at("compressor")][c.at("ratio")][c.at("draft_length")][c.at("batch")];
@@ -206,15 +223,27 @@ std::string matrix_markdown(const nlohmann::json& record, const std::string& md_
           mismatched += r.mismatched;
         }
   std::string out = "# The lossless matrix, SmolLM2-135M-Instruct on the CPU\n\n";
-  out += "- command, per group of 8 prompts (FROM = 0, 8, ..., 48; or unset for all at once): "
-         "`VERICACHE_MATRIX_FROM=<FROM> VERICACHE_MATRIX_PROMPTS=8 VERICACHE_MATRIX_OUT=" + md_path +
-         " build/tests/lossless_matrix_tests`\n";
+  out += "- command: `harness/bench/lossless_matrix.sh` (all groups in one process, refused on a tree with "
+         "uncommitted changes); a shard: `VERICACHE_MATRIX_FROM=<FROM> VERICACHE_MATRIX_PROMPTS=8 "
+         "VERICACHE_MATRIX_OUT=" + md_path + " build/tests/lossless_matrix_tests`\n";
   out += "- " + std::to_string(prompts) + " of the " + std::to_string(total_prompts) +
          " prompts of datasets/lossless_prompts recorded, " + std::to_string(kMaxTokens) +
          " greedy tokens each; every request's tokens and finish reason compared with full-KV decoding "
-         "(Generator); offline plugins start every case from a shared prefill, KVzap prefills itself\n";
-  out += "- batch 8 = a group of 8 different prompts in one engine; batch 1 = each prompt alone; "
-         "x even keeps the verified K/V in KV_comp, x odd the drafted K/V\n";
+         "(Generator)\n";
+  out += "- batch 8 = a group of 8 different prompts in one engine, through the engine's own prefill and "
+         "compression; batch 1 = each prompt alone (offline plugins from a shared prefill); KV_comp keeps "
+         "verified K/V at (c, x) = (0.1, 1), (0.1, 16), (0.25, 4), (0.25, 32), (0.5, 1), (0.5, 16), drafted K/V "
+         "at the others\n";
+  std::set<std::string> commits;
+  for (const nlohmann::json& g : record.at("groups")) commits.insert(g.at("commit").get<std::string>());
+  if (prompts == total_prompts && commits.size() == 1) {
+    out += "- **the whole matrix at one commit**, `" + *commits.begin() + "`: all " + std::to_string(prompts) +
+           " prompts, " + std::to_string(static_cast<int64_t>(seconds)) +
+           " s of wall time in all (`harness/bench/lossless_matrix.sh`)\n";
+  } else {
+    out += "- not one run: " + std::to_string(prompts) + " of " + std::to_string(total_prompts) + " prompts, " +
+           std::to_string(commits.size()) + " commits\n";
+  }
   out += "- groups (machine: 2 cores):\n" + groups_text;
   out += "- total: " + std::to_string(cases) + " cases, " + std::to_string(requests) + " requests, " +
          std::to_string(mismatched) + " mismatching, " + std::to_string(static_cast<int64_t>(seconds)) + " s\n\n";
@@ -307,17 +336,18 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
     for (const std::string& name : names) {
       const bool online = plugins[name]->mode() == CompressionMode::kOnline;
       for (size_t ri = 0; ri < std::size(kRatios); ++ri) {
-        for (int64_t x : kDraftLengths) {
+        for (size_t xi = 0; xi < std::size(kDraftLengths); ++xi) {
+          const int64_t x = kDraftLengths[xi];
           EngineOptions options;
           options.compressor = plugins[name].get();
           options.ratio = kRatios[ri];
           options.draft_length = x;
-          options.draft_kv = x % 2 == 0 ? DraftKv::kVerified : DraftKv::kDrafted;
+          options.draft_kv = draft_kv_for(ri, xi);
           std::vector<const Prefilled*> all;
           for (const Prefilled& p : prefilled) all.push_back(&p);
-          // Batch 8: the group in one engine. Batch 1: each request alone.
-          run_case(*m, options, requests, online ? std::vector<const Prefilled*>{} : all, &*prefill_pool, ri, reference,
-                   &results[name][kRatios[ri]][x][kGroup]);
+          // Batch 8: the group in one engine, through the engine's own prefill and compression.
+          // Batch 1: each request alone, an offline plugin's from the shared prefill.
+          run_case(*m, options, requests, {}, &*prefill_pool, ri, reference, &results[name][kRatios[ri]][x][kGroup]);
           for (size_t i = 0; i < requests.size(); ++i) {
             run_case(*m, options, {requests[i]},
                      online ? std::vector<const Prefilled*>{} : std::vector<const Prefilled*>{all[i]}, &*prefill_pool,

@@ -31,6 +31,7 @@ TEST(Reference, Qwen2LogitsAndGreedyContinuationsMatchTransformers) {
 }
 
 // The same model on an 8,2xx-token prompt (past SmolLM2's whole context), 16-token continuation.
+// Slow suite only (tests/CMakeLists.txt: VC_SLOW_TESTS).
 TEST(Reference, Qwen2LongPromptMatchesTransformers) {
   const LlamaModel* m = testing::qwen_model();
   ASSERT_NE(m, nullptr);

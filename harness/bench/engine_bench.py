@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Decode speed of VeriCache against full-KV decoding on this CPU, measured in the same run.
 
-Runs `vericache bench-engine --json` (see its --help): per context one prompt is prefilled once and
-compressed once per compressor; B copies of it decode greedily with full-KV decoding (the baseline)
-and with VeriCache (draft on the compressed cache, verify in place on the full one) for each draft
-length x. Every VeriCache run is checked token for token against the baseline ("mismatches").
+Runs `vericache bench-engine --json` (see its --help): per context each of the B requests of a batch
+has its own prompt, the next stretch of `context` tokens of the four built prompt sets (datasets/
+long_docs, long_code, code_tasks, function_calling: text the model has not memorized), prefilled once
+and compressed once per compressor; they decode greedily with full-KV decoding (the baseline) and
+with VeriCache (draft on the compressed cache, verify in place on the full one) for each draft
+length x. `--same-prompt` copies one prompt to every request instead (and the table says so). Every VeriCache run is checked token for token against the baseline ("mismatches").
 Reports tokens/s of both, the speedup, the mean acceptance length (vLLM's: 1 + accepted / drafts),
 the acceptance rate, and what one draft step and one verify step cost in full-KV decode steps.
 
@@ -46,6 +48,7 @@ def main():
     ap.add_argument("--draft-lengths", default="8,16,25")
     ap.add_argument("--decode-tokens", default="64")
     ap.add_argument("--threads", default="2")
+    ap.add_argument("--same-prompt", action="store_true", help="every request decodes a copy of one prompt")
     ap.add_argument("--params", action="append", default=['kvzip={"chunk_size": 128}'],
                     help="NAME=JSON compressor parameters (KVzip's reconstruction chunk must fit after an 8K prompt)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "engine_cpu_smollm2"))
@@ -53,7 +56,7 @@ def main():
     check_destination(args.out + ".md")
     cmd = [VERICACHE, "bench-engine", "--json", "--contexts", args.contexts, "--batches", args.batches,
            "--compressors", args.compressors, "--ratio", args.ratio, "--draft-lengths", args.draft_lengths,
-           "--decode-tokens", args.decode_tokens, "--threads", args.threads]
+           "--decode-tokens", args.decode_tokens, "--threads", args.threads] + (["--same-prompt"] if args.same_prompt else [])
     for p in args.params:
         cmd += ["--params", p]
     print(" ".join(cmd), file=sys.stderr)
@@ -74,9 +77,12 @@ def main():
         f"- command: `{invocation}` at commit `{commit}`{' (with uncommitted changes)' if dirty else ''} ({when})",
         f"- machine: {cpu_name()}, {args.threads} threads; verification reads the full cache in place (no copy)",
         f"- compressor parameters: {'; '.join(args.params) or 'defaults'}",
-        f"- per context one prompt (the opening of datasets/tokenizer_corpus/corpus.txt) is prefilled once and "
-        f"compressed once at c = {args.ratio}; the B requests of a batch decode copies of it, so they share the "
-        f"prompt and verify in the same steps (lockstep); {args.decode_tokens} tokens per request, EOS ignored",
+        (f"- prompts: one per context, copied to all B requests of a batch (`--same-prompt`)" if args.same_prompt else
+         f"- prompts: per context, request i of a batch takes the i-th stretch of `context` tokens of the built prompt "
+         f"sets long_docs, long_code, code_tasks and function_calling joined (text the model has not memorized); "
+         f"batch 1 runs the first") +
+        f"; each prompt prefilled once and compressed once at c = {args.ratio}; {args.decode_tokens} tokens per "
+        f"request, EOS ignored",
         "- full-KV tok/s: the baseline in the same run (one token per request per step); mismatches: tokens that "
         "differ from it (must be 0)",
         "- mean acceptance length: 1 + accepted / drafts (vLLM's definition, the correction or bonus token "

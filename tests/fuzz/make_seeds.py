@@ -4,7 +4,8 @@ regression inputs (classes that failed before the hardening issue) into tests/fu
 
 gguf/: tiny GGUF v3 files a fuzzer can mutate quickly: a Llama model of one layer whose metadata,
 tokenizer (byte-level BPE with merges, special tokens, ChatML template) and tensors pass every
-check, one file per tensor type family, and the all-types fixture of tests/fixtures/gguf.
+check, one file per tensor type family; the same in Qwen2's shape (architecture qwen2, the qwen2
+pre-tokenizer, q/k/v biases) in Q8_0, Q4_K and Q6_K; and the all-types fixture of tests/fixtures/gguf.
 elf/: the bundled plugin libraries (200 KB) are too large to mutate usefully; the seeds are a
 complete 5 KB shared library compiled here with `cc` and its ELF header alone.
 
@@ -21,7 +22,7 @@ OUT = os.path.join(HERE, "seeds")
 REGRESSIONS = os.path.join(HERE, "regressions")
 
 U32, I32, F32, BOOL, STRING, ARRAY = 4, 5, 6, 7, 8, 9
-GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
+GGML_F32, GGML_F16, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K = 0, 1, 8, 12, 14
 
 
 def gguf_string(s):
@@ -49,6 +50,14 @@ def tensor_bytes(ggml_type, n):
         return b"".join(struct.pack("<f", (i % 7) * 0.25 - 0.5) for i in range(n))
     if ggml_type == GGML_F16:
         return b"".join(struct.pack("<e", (i % 5) * 0.5 - 1.0) for i in range(n))
+    if ggml_type == GGML_Q4_K:
+        # Blocks of 256: float16 d and dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit codes.
+        return b"".join(struct.pack("<ee", 0.0625, 0.03125) + bytes((i * 7) % 64 for i in range(12)) +
+                        bytes((i * 5) % 256 for i in range(128)) for _ in range(n // 256))
+    if ggml_type == GGML_Q6_K:
+        # Blocks of 256: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, float16 d.
+        return b"".join(bytes((i * 11) % 256 for i in range(128)) + bytes((i * 13) % 256 for i in range(64)) +
+                        bytes((i * 3) % 64 for i in range(16)) + struct.pack("<e", 0.0625) for _ in range(n // 256))
     # Q8_0: blocks of a float16 scale and 32 int8 values.
     return b"".join(struct.pack("<e", 0.125) + bytes((i * 3) % 256 for i in range(32)) for _ in range(n // 32))
 
@@ -81,27 +90,36 @@ def byte_symbol(b):
 
 
 def tiny_llama(ggml_type, **override):
+    return tiny_model(ggml_type, "llama", 64, "smollm", **override)
+
+
+def tiny_qwen2(ggml_type, d=64, **override):
+    """Qwen2's shape: architecture qwen2 (its keys), the qwen2 pre-tokenizer, biases on q, k and v."""
+    return tiny_model(ggml_type, "qwen2", d, "qwen2", **override)
+
+
+def tiny_model(ggml_type, arch, d, pre, **override):
     tokens = [byte_symbol(b) for b in range(256)] + ["he", "ll", "hell", "hello", "\u0120w", "<|im_start|>", "<|im_end|>"]
     types = [1] * (len(tokens) - 2) + [3, 3]
     merges = ["h e", "l l", "he ll", "hell o", "\u0120 w"]
-    vocab, d = len(tokens), 64
+    vocab = len(tokens)
     chatml = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
               "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
     metadata = [
-        ("general.architecture", STRING, "llama"),
+        ("general.architecture", STRING, arch),
         ("general.name", STRING, "fuzz seed"),
-        ("llama.block_count", U32, 1),
-        ("llama.context_length", U32, 64),
-        ("llama.embedding_length", U32, d),
-        ("llama.feed_forward_length", U32, 128),
-        ("llama.attention.head_count", U32, 1),
-        ("llama.attention.head_count_kv", U32, 1),
-        ("llama.rope.freq_base", F32, 10000.0),
-        ("llama.attention.layer_norm_rms_epsilon", F32, 1e-5),
-        ("llama.rope.dimension_count", U32, d),
-        ("llama.vocab_size", U32, vocab),
+        (arch + ".block_count", U32, 1),
+        (arch + ".context_length", U32, 64),
+        (arch + ".embedding_length", U32, d),
+        (arch + ".feed_forward_length", U32, 128),
+        (arch + ".attention.head_count", U32, 1),
+        (arch + ".attention.head_count_kv", U32, 1),
+        (arch + ".rope.freq_base", F32, 10000.0),
+        (arch + ".attention.layer_norm_rms_epsilon", F32, 1e-5),
+        (arch + ".rope.dimension_count", U32, d),
+        (arch + ".vocab_size", U32, vocab),
         ("tokenizer.ggml.model", STRING, "gpt2"),
-        ("tokenizer.ggml.pre", STRING, "smollm"),
+        ("tokenizer.ggml.pre", STRING, pre),
         ("tokenizer.ggml.tokens", ARRAY, (STRING, tokens)),
         ("tokenizer.ggml.token_type", ARRAY, (I32, types)),
         ("tokenizer.ggml.merges", ARRAY, (STRING, merges)),
@@ -111,8 +129,10 @@ def tiny_llama(ggml_type, **override):
         ("tokenizer.chat_template", STRING, chatml),
     ]
     metadata = [(k, t, override.get(k, v)) for k, t, v in metadata]
-    tensors = [("token_embd.weight", [d, vocab], ggml_type), ("blk.0.attn_q.weight", [d, d], ggml_type),
-               ("output_norm.weight", [d], GGML_F32)]
+    tensors = [("token_embd.weight", [d, vocab], ggml_type), ("blk.0.attn_q.weight", [d, d], ggml_type)]
+    if arch == "qwen2":
+        tensors += [("blk.0.attn_%s.bias" % n, [d], GGML_F32) for n in "qkv"]
+    tensors.append(("output_norm.weight", [d], GGML_F32))
     return gguf_file(metadata, tensors)
 
 
@@ -155,6 +175,11 @@ def main():
     for name, ggml_type in [("tiny_llama_f32", GGML_F32), ("tiny_llama_f16", GGML_F16), ("tiny_llama_q8_0", GGML_Q8_0)]:
         with open(os.path.join(OUT, "gguf", name + ".gguf"), "wb") as f:
             f.write(tiny_llama(ggml_type))
+    # Qwen2's shape (Qwen2.5-Coder): its pre-tokenizer and biases, and the K-quants its Q4_K_M files use.
+    for name, ggml_type, d in [("tiny_qwen2_q8_0", GGML_Q8_0, 64), ("tiny_qwen2_q4_k", GGML_Q4_K, 256),
+                               ("tiny_qwen2_q6_k", GGML_Q6_K, 256)]:
+        with open(os.path.join(OUT, "gguf", name + ".gguf"), "wb") as f:
+            f.write(tiny_qwen2(ggml_type, d))
     shutil.copy(os.path.join(ROOT, "tests", "fixtures", "gguf", "all_types.gguf"), os.path.join(OUT, "gguf"))
     library = os.path.join(OUT, "elf", "tiny.so")
     tiny_shared_library(library)
