@@ -107,7 +107,8 @@ TEST(Conformance, EveryBundledPluginKeepsEveryRule) {
 }
 
 // The token droppers on Qwen2.5-Coder 0.5B (attention biases, RoPE permuted at load, 7 query heads
-// per KV head) at c = 0.25; KVzap with a surrogate trained on this model.
+// per KV head) at c = 0.25; KVzap with a surrogate trained on this model. Slow suite only
+// (tests/CMakeLists.txt: VC_SLOW_TESTS).
 TEST(Conformance, TokenDroppersKeepEveryRuleOnQwen2) {
   const LlamaModel* m = testing::qwen_model();
   ASSERT_NE(m, nullptr);

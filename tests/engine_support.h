@@ -29,12 +29,13 @@ EngineRun run_engine(const LlamaModel& m, const EngineOptions& options, const st
 // Every request's tokens and finish reason equal the reference's.
 void expect_identical(const EngineRun& run, const std::vector<GenerationResult>& reference, const std::string& label);
 
-// Prompts 0 and 3 (medium) and 40 (2K+ tokens) of datasets/lossless_prompts in one batch, 24 tokens
-// each: every bundled plugin (bundled_plugins(): token droppers at c = 0.25, KVzap with a small
-// surrogate trained on `m`; quantizers at their default bits, RotateKV and KVQuant calibrated on
-// `m`) and each draft
-// length of `xs` gives output identical to full-KV decoding, with no compressor failure. Prints the acceptance of each run, labelled with `model_label`.
-void expect_every_plugin_lossless(const LlamaModel& m, const std::string& model_label,
-                                          const std::vector<int64_t>& xs);
+// The prompts of datasets/lossless_prompts at `prompts` (0-39 medium, 40-49 of 2K+ tokens) in one
+// batch, 24 tokens each: every bundled plugin (bundled_plugins(): token droppers at c = 0.25, KVzap
+// with a small surrogate trained on `m`; quantizers at their default bits, RotateKV and KVQuant
+// calibrated on `m`) and each draft length of `xs` gives output identical to full-KV decoding, with
+// no compressor failure. Prints the acceptance of each run, labelled with `model_label`.
+inline const std::vector<int> kMediumAndLongPrompts = {0, 3, 40};
+void expect_every_plugin_lossless(const LlamaModel& m, const std::string& model_label, const std::vector<int64_t>& xs,
+                                  const std::vector<int>& prompts = kMediumAndLongPrompts);
 
 }  // namespace vericache::testing

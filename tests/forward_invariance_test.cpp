@@ -129,6 +129,7 @@ TEST(ForwardInvariance, OneForwardOfMTokensEqualsMDecodes) { expect_one_forward_
 TEST(ForwardInvariance, IndependentOfTheRestOfTheBatch) { expect_independent_of_the_batch(default_model()); }
 // The same on Qwen2.5-Coder 0.5B: attention biases and 14 query heads over 2 KV heads.
 TEST(ForwardInvariance, Qwen2OneForwardOfMTokensEqualsMDecodes) { expect_one_forward_equals_decodes(testing::qwen_model()); }
+// Slow suite only (tests/CMakeLists.txt: VC_SLOW_TESTS).
 TEST(ForwardInvariance, Qwen2IndependentOfTheRestOfTheBatch) { expect_independent_of_the_batch(testing::qwen_model()); }
 
 TEST(ForwardInvariance, PortableAndAvx512KernelsAgreeBitwise) {

@@ -99,6 +99,9 @@ def tiny_qwen2(ggml_type, d=64, **override):
 
 
 def tiny_model(ggml_type, arch, d, pre, **override):
+    # Heads of 64 (a head dim the CPU kernels support), one KV head: d = 256 is Qwen2's grouped
+    # attention, 4 query heads per KV head.
+    head_dim, heads = 64, d // 64
     tokens = [byte_symbol(b) for b in range(256)] + ["he", "ll", "hell", "hello", "\u0120w", "<|im_start|>", "<|im_end|>"]
     types = [1] * (len(tokens) - 2) + [3, 3]
     merges = ["h e", "l l", "he ll", "hell o", "\u0120 w"]
@@ -112,11 +115,11 @@ def tiny_model(ggml_type, arch, d, pre, **override):
         (arch + ".context_length", U32, 64),
         (arch + ".embedding_length", U32, d),
         (arch + ".feed_forward_length", U32, 128),
-        (arch + ".attention.head_count", U32, 1),
+        (arch + ".attention.head_count", U32, heads),
         (arch + ".attention.head_count_kv", U32, 1),
         (arch + ".rope.freq_base", F32, 10000.0),
         (arch + ".attention.layer_norm_rms_epsilon", F32, 1e-5),
-        (arch + ".rope.dimension_count", U32, d),
+        (arch + ".rope.dimension_count", U32, head_dim),
         (arch + ".vocab_size", U32, vocab),
         ("tokenizer.ggml.model", STRING, "gpt2"),
         ("tokenizer.ggml.pre", STRING, pre),
@@ -131,7 +134,7 @@ def tiny_model(ggml_type, arch, d, pre, **override):
     metadata = [(k, t, override.get(k, v)) for k, t, v in metadata]
     tensors = [("token_embd.weight", [d, vocab], ggml_type), ("blk.0.attn_q.weight", [d, d], ggml_type)]
     if arch == "qwen2":
-        tensors += [("blk.0.attn_%s.bias" % n, [d], GGML_F32) for n in "qkv"]
+        tensors += [("blk.0.attn_q.bias", [d], GGML_F32)] + [("blk.0.attn_%s.bias" % n, [head_dim], GGML_F32) for n in "kv"]
     tensors.append(("output_norm.weight", [d], GGML_F32))
     return gguf_file(metadata, tensors)
 
