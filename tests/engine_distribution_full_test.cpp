@@ -33,15 +33,7 @@ TEST(EngineDistributionFull, EveryCompressorTemperatureAndDraftMode) {
 
 TEST(EngineDistributionFull, FailsWhenTheEngineIsWrong) {
   ASSERT_NE(testing::default_model(), nullptr);
-  const std::pair<DraftSampling, TestFaultKind> faults[] = {
-      {DraftSampling::kSampled, TestFaultKind::kDraftProbsFromNextRow},
-      {DraftSampling::kArgmax, TestFaultKind::kTargetFromNextRow}};
-  for (const auto& [mode, kind] : faults) {
-    TestFault fault;
-    fault.kind = kind;
-    for (const auto& r : check().run(kCompressors[0], mode, kTemperatures, fault))
-      EXPECT_GT(r.rejected(), 0) << r.label << ": the test did not notice the fault";
-  }
+  testing::expect_every_fault_rejected(check(), kCompressors[0], kTemperatures);
 }
 
 }  // namespace

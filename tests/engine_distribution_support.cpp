@@ -260,4 +260,17 @@ void expect_follows_full_kv(const SamplingResult& r, double w) {
   }
 }
 
+void expect_every_fault_rejected(EngineSamplingCheck& check, const SamplingCompressor& compressor,
+                                 std::span<const double> temperatures) {
+  const std::pair<DraftSampling, TestFaultKind> faults[] = {
+      {DraftSampling::kSampled, TestFaultKind::kDraftProbsFromNextRow},
+      {DraftSampling::kArgmax, TestFaultKind::kTargetFromNextRow}};
+  for (const auto& [mode, kind] : faults) {
+    TestFault fault;
+    fault.kind = kind;
+    for (const SamplingResult& r : check.run(compressor, mode, temperatures, fault))
+      EXPECT_GT(r.rejected(), 0) << r.label << ": the test did not notice the fault";
+  }
+}
+
 }  // namespace vericache::testing

@@ -86,4 +86,10 @@ class EngineSamplingCheck {
 // `w` with probability >= 0.99, and that drafts were both accepted and rejected.
 void expect_follows_full_kv(const SamplingResult& r, double w);
 
+// Runs `compressor` through `check` with each test-only fault of engine/test_faults.h that a wrong
+// engine could have — q of each draft from the next draft's row (sampled drafts), p from the next
+// verify row (argmax drafts) — at each temperature, and asserts (gtest) that some statistic rejects.
+void expect_every_fault_rejected(EngineSamplingCheck& check, const SamplingCompressor& compressor,
+                                 std::span<const double> temperatures);
+
 }  // namespace vericache::testing

@@ -40,15 +40,7 @@ TEST(EngineDistribution, SampledOutputFollowsTheFullKvDistribution) {
 TEST(EngineDistribution, FailsWhenTheEngineIsWrong) {
   ASSERT_NE(testing::default_model(), nullptr);
   const double t = 1.0;
-  const std::pair<DraftSampling, TestFaultKind> faults[] = {
-      {DraftSampling::kSampled, TestFaultKind::kDraftProbsFromNextRow},
-      {DraftSampling::kArgmax, TestFaultKind::kTargetFromNextRow}};
-  for (const auto& [mode, kind] : faults) {
-    TestFault fault;
-    fault.kind = kind;
-    for (const auto& r : check().run(kTokenDropper, mode, {&t, 1}, fault))
-      EXPECT_GT(r.rejected(), 0) << r.label << ": the test did not notice the fault";
-  }
+  testing::expect_every_fault_rejected(check(), kTokenDropper, {&t, 1});
 }
 
 }  // namespace
