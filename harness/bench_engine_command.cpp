@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <set>
 
 #include "bench_support.h"
 #include "cli_common.h"
@@ -183,6 +184,9 @@ int run_bench_engine(int argc, char** argv) {
           const RequestMetrics& t = engine.totals();
           const double tok_s = static_cast<double>(batch * (decode_tokens - 1)) / seconds;
           const double draft_ms = times.draft_ms(), verify_ms = times.verify_ms();
+          // Evidence of what the requests decoded: copies of one prompt give one greedy output.
+          std::set<std::vector<int32_t>> outputs;
+          for (const EngineResult& r : results) outputs.insert(r.generation.tokens);
           if (json) {
             nlohmann::json out{{"context", context},
                                {"batch", batch},
@@ -207,6 +211,7 @@ int run_bench_engine(int argc, char** argv) {
                                {"prompts", same_prompt ? "one prompt, copied to every request"
                                                        : "a different stretch of the text per request"},
                                {"text", text_file},
+                               {"distinct_outputs", static_cast<int64_t>(outputs.size())},
                                {"model", m.path()}};
             std::cout << out.dump() << std::endl;
           } else {

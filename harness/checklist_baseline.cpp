@@ -33,15 +33,8 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
-}  // namespace
-
-Result<std::optional<AcceptanceBaseline>> find_acceptance_baseline(const std::string& path, const BaselineKey& key) {
-  std::ifstream in(path);
-  if (!in) return Status::io_error(path + ": cannot read the acceptance baselines");
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.contains("baselines") || !j.contains("band")) {
-    return Status::corruption(path + ": not an acceptance baselines file (expected keys 'band' and 'baselines')");
-  }
+// The baseline for `key` in the parsed file `j`; throws on wrongly typed values.
+std::optional<AcceptanceBaseline> find_in(const nlohmann::json& j, const BaselineKey& key) {
   for (const nlohmann::json& b : j.at("baselines")) {
     if (b.value("model_file", "") != file_name(key.model_file) || b.value("compressor", "") != key.compressor ||
         normalized_params(b.value("params", "{}")) != normalized_params(key.params) ||
@@ -53,9 +46,27 @@ Result<std::optional<AcceptanceBaseline>> find_acceptance_baseline(const std::st
     out.band = j.at("band").get<double>();
     out.source = b.value("source", "");
     for (const auto& [x, gamma] : b.at("gamma").items()) out.gamma[std::stoll(x)] = gamma.get<double>();
-    return std::optional<AcceptanceBaseline>(out);
+    return out;
   }
-  return std::optional<AcceptanceBaseline>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<std::optional<AcceptanceBaseline>> find_acceptance_baseline(const std::string& path, const BaselineKey& key) {
+  std::ifstream in(path);
+  if (!in) return Status::io_error(path + ": cannot read the acceptance baselines");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("baselines") || !j.contains("band")) {
+    return Status::corruption(path + ": not an acceptance baselines file (expected keys 'band' and 'baselines')");
+  }
+  // A wrongly typed value (a baseline that is not an object, a gamma that is not a number, a draft
+  // length that is not an integer) makes the file corrupt: reported with its path, not thrown.
+  try {
+    return find_in(j, key);
+  } catch (const std::exception& e) {
+    return Status::corruption(path + ": a malformed baseline (" + e.what() + ")");
+  }
 }
 
 AcceptanceJudgement judge_acceptance(const std::map<int64_t, double>& measured,

@@ -382,6 +382,8 @@ int run_run(int argc, char** argv) {
     out["resident_kv_bytes"] = t.resident_kv_bytes;
     out["compressor_failures"] = failures;
     out["threads"] = ThreadPool::global().threads();
+    // A saved JSON of a faulted run says so (the notice on stderr does not travel with it).
+    if (options.test_fault.kind != TestFaultKind::kNone) out["test_fault"] = describe_test_fault(options.test_fault);
     if (o.check) {
       const std::string difference = first_difference(results, baseline, diffs, m.tokenizer());
       out["first_difference"] = difference.empty() ? nlohmann::json() : nlohmann::json(difference);

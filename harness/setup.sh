@@ -174,6 +174,9 @@ if ((BUILD)); then
     cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX"
   fi
   say "building $TARGET (a clean build takes about 15 minutes on 2 cores, seconds with a warm ccache)"
+  # Paths relative to the checkout in ccache's keys: a clone at another path (CI's clean clone)
+  # reuses what this machine already compiled.
+  export CCACHE_BASEDIR="$ROOT"
   build_start=$(date +%s)
   cmake --build build --target "$TARGET"
   say "build: $(( $(date +%s) - build_start )) s"

@@ -249,6 +249,22 @@ TEST(Checklist, PromptSetErrorsSayWhatToDo) {
                        "(boolean)\nRun 'vericache checklist --help' for the options.\n");
 }
 
+// Step 2's baselines file: missing, or with a wrongly typed value (a draft length that is not an
+// integer), it is an error naming the file, before any step runs.
+TEST(Checklist, BaselineErrorsNameTheFile) {
+  const std::string dir = testing::temp_dir();
+  const CliRun missing = run_vericache("checklist --quick --baselines " + dir + "/none.json");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_EQ(missing.err, "vericache: error: " + dir + "/none.json: cannot read the acceptance baselines\n");
+  std::ofstream(dir + "/bad.json") << R"({"band": 0.02, "baselines": [{"model_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+      "compressor": "kvzip", "params": "{}", "ratio": 0.25, "prompt_set": "lossless_prompts/prompts.json",
+      "prompts": 2, "max_tokens": 24, "gamma": {"five": 0.5}}]})";
+  const CliRun bad = run_vericache("checklist --quick --baselines " + dir + "/bad.json");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.err.rfind("vericache: error: " + dir + "/bad.json: a malformed baseline (", 0), 0u) << bad.err;
+  EXPECT_EQ(bad.out.find("1. KL growth"), std::string::npos) << bad.out;
+}
+
 // A trace of another version or format is refused by name; columns of one group must agree in length.
 TEST(Checklist, TraceReaderRefusesOtherVersionsAndFormats) {
   const std::string dir = testing::temp_dir();

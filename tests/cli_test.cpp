@@ -612,6 +612,7 @@ TEST(Cli, RunCheckFailsAndNamesTheFirstMismatchWhenAVerifyRowIsPerturbed) {
       << r.err;
   const auto out = nlohmann::json::parse(r.out);
   EXPECT_EQ(out["mismatched_requests"], 1);
+  EXPECT_TRUE(out.contains("test_fault")) << "a faulted run's JSON must say so";
   EXPECT_GT(out["mismatches"].get<int64_t>(), 0);
   EXPECT_EQ(out["requests"][0]["first_mismatch"], -1);
   EXPECT_EQ(out["requests"][1]["first_mismatch"], 5);
@@ -641,7 +642,8 @@ TEST(Cli, RunCheckFailsAndNamesTheFirstMismatchWhenAVerifyRowIsPerturbed) {
 }
 
 // bench-engine gives each request of a batch its own stretch of the text (a prompt set read as text
-// here), checks VeriCache against full-KV decoding on those prompts, and says which prompts it used;
+// here): the requests' greedy outputs differ (with --same-prompt they are one); it checks VeriCache
+// against full-KV decoding on those prompts, and says which prompts it used;
 // a text too short for batch x context tokens is refused with the numbers.
 TEST(Cli, BenchEngineDecodesDistinctPromptsPerRequest) {
   const std::string set = testing::source_path("datasets/lossless_prompts/prompts.json");
@@ -653,11 +655,13 @@ TEST(Cli, BenchEngineDecodesDistinctPromptsPerRequest) {
   EXPECT_EQ(row["batch"], 2);
   EXPECT_EQ(row["prompts"], "a different stretch of the text per request");
   EXPECT_EQ(row["text"], set);
+  EXPECT_EQ(row["distinct_outputs"], 2);  // two prompts, two greedy continuations
   const CliRun same = run_vericache("bench-engine --json --contexts 256 --batches 2 --compressors snapkv "
                                     "--draft-lengths 4 --decode-tokens 8 --same-prompt --text-file " + set);
   ASSERT_EQ(same.exit_code, 0) << same.err;
-  EXPECT_EQ(nlohmann::json::parse(same.out.substr(0, same.out.find('\n')))["prompts"],
-            "one prompt, copied to every request");
+  const auto same_row = nlohmann::json::parse(same.out.substr(0, same.out.find('\n')));
+  EXPECT_EQ(same_row["prompts"], "one prompt, copied to every request");
+  EXPECT_EQ(same_row["distinct_outputs"], 1);
   const std::string tiny = testing::temp_dir() + "/tiny.txt";
   std::ofstream(tiny) << "a few words only";
   const CliRun refused = run_vericache("bench-engine --contexts 256 --batches 2 --compressors snapkv --text-file " + tiny);

@@ -201,8 +201,28 @@ TEST(Lossless, QuantizersAtEveryBitWidth) {
   }
 }
 
+// CI's long prompt (2.7K tokens, many pages, KVzip's chunked reconstruction): KVzip at c = 0.25,
+// x = 16, identical to full-KV decoding. Every token dropper on two long prompts is
+// Lossless.LongPrompts, in the slow suite.
+TEST(Lossless, ALongPrompt) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  const std::vector<GenerationRequest> requests = {request_for(long_prompt(1), 24)};
+  ASSERT_GE(requests[0].prompt.size(), 2000u);
+  auto compressor = plugin("kvzip");
+  ASSERT_NE(compressor, nullptr);
+  EngineOptions options;
+  options.compressor = compressor.get();
+  options.ratio = 0.25;
+  options.draft_length = 16;
+  const EngineRun run = run_engine(*m, options, requests);
+  expect_identical(run, full_kv(*m, requests), "kvzip on a long prompt");
+  EXPECT_EQ(run.results[0].compressor_failure, "");
+  EXPECT_LT(run.results[0].metrics.resident_kv_slots, run.results[0].metrics.full_kv_slots);
+}
+
 // Long prompts (2K-3.5K tokens): every plugin at c = 0.25, two requests per engine. Slow suite only
-// (tests/CMakeLists.txt: VC_SLOW_TESTS); CI's long prompt is Lossless.Qwen2EveryPlugin's.
+// (tests/CMakeLists.txt: VC_SLOW_TESTS); CI's long prompt is Lossless.ALongPrompt's.
 TEST(Lossless, LongPrompts) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);

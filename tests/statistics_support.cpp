@@ -91,28 +91,38 @@ double detectable_effect(int64_t n, int dof, double alpha, double power) {
 GoodnessOfFit goodness_of_fit(const std::map<Outcome, int64_t>& counts, const std::map<Outcome, double>& expected,
                               int64_t n) {
   GoodnessOfFit g;
-  double pooled_observed = 0, pooled_expected = 0;
-  int cells = 0;
+  struct Cell {
+    double observed = 0, expected = 0;
+  };
+  std::vector<Cell> cells;
+  Cell pooled;
   for (const auto& [outcome, p] : expected) {
     const double e = p * static_cast<double>(n);
     const auto it = counts.find(outcome);
     const double o = it == counts.end() ? 0.0 : static_cast<double>(it->second);
-    if (e < 5) {
-      pooled_observed += o;
-      pooled_expected += e;
-      continue;
-    }
-    g.chi2 += (o - e) * (o - e) / e;
-    ++cells;
+    Cell& cell = e < 5 ? pooled : cells.emplace_back();
+    cell.observed += o;
+    cell.expected += e;
   }
   for (const auto& [outcome, c] : counts) {
     if (!expected.count(outcome)) g.outside_support += c;
   }
-  if (pooled_expected > 0) {
-    g.chi2 += (pooled_observed - pooled_expected) * (pooled_observed - pooled_expected) / pooled_expected;
-    ++cells;
+  // The pooled cell stands alone only when it is itself expected 5 times or more; a smaller one
+  // joins the smallest regular cell (one stray sample in a cell expected 0.1 times would otherwise
+  // dominate chi2 far beyond the stated level). Samples in cells of zero expected mass cannot happen
+  // under the expected distribution.
+  if (pooled.expected <= 0) {
+    g.outside_support += static_cast<int64_t>(pooled.observed);
+  } else if (pooled.expected >= 5 || cells.empty()) {
+    cells.push_back(pooled);
+  } else {
+    Cell& smallest = *std::min_element(cells.begin(), cells.end(),
+                                       [](const Cell& a, const Cell& b) { return a.expected < b.expected; });
+    smallest.observed += pooled.observed;
+    smallest.expected += pooled.expected;
   }
-  g.dof = std::max(cells - 1, 1);
+  for (const Cell& c : cells) g.chi2 += (c.observed - c.expected) * (c.observed - c.expected) / c.expected;
+  g.dof = std::max(static_cast<int>(cells.size()) - 1, 1);
   g.p_value = g.outside_support > 0 ? 0.0 : chi_square_survival(g.chi2, g.dof);
   g.effect_size = std::sqrt(std::max(0.0, g.chi2 - g.dof) / static_cast<double>(n));
   return g;

@@ -36,8 +36,10 @@ struct GoodnessOfFit {
 };
 
 // Pearson's test of `counts` (n samples in all) against `expected` probabilities; cells expected
-// fewer than 5 times are pooled into one cell. An outcome outside `expected` is counted in
-// outside_support and makes p_value 0 (it cannot happen under the expected distribution).
+// fewer than 5 times are pooled into one cell, which joins the smallest other cell when it is
+// itself expected fewer than 5 times. An outcome outside `expected`, or in cells of zero expected
+// mass, is counted in outside_support and makes p_value 0 (it cannot happen under the expected
+// distribution).
 GoodnessOfFit goodness_of_fit(const std::map<Outcome, int64_t>& counts, const std::map<Outcome, double>& expected,
                               int64_t n);
 

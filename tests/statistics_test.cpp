@@ -64,5 +64,19 @@ TEST(Statistics, GoodnessOfFitAcceptsTheTruthAndRejectsAnotherDistribution) {
   EXPECT_EQ(impossible.p_value, 0.0);
 }
 
+// A rare cell (expected 0.1 times) with one sample must not decide the test: it joins the smallest
+// other cell. A sample in a cell of zero probability is outside the support.
+TEST(Statistics, ARarelyExpectedCellJoinsAnotherAndZeroMassIsOutsideTheSupport) {
+  const std::map<Outcome, double> expected = {{{0}, 0.5}, {{1}, 0.4999}, {{2}, 0.0001}};
+  const std::map<Outcome, int64_t> one_stray = {{{0}, 500}, {{1}, 499}, {{2}, 1}};
+  const GoodnessOfFit rare = goodness_of_fit(one_stray, expected, 1000);
+  EXPECT_EQ(rare.dof, 1);
+  EXPECT_GT(rare.p_value, 0.5);  // alone, the rare cell would add (1 - 0.1)^2 / 0.1 = 8.1 to chi2
+  const std::map<Outcome, double> with_zero = {{{0}, 0.5}, {{1}, 0.5}, {{2}, 0.0}};
+  const GoodnessOfFit zero = goodness_of_fit(one_stray, with_zero, 1000);
+  EXPECT_EQ(zero.outside_support, 1);
+  EXPECT_EQ(zero.p_value, 0.0);
+}
+
 }  // namespace
 }  // namespace vericache::testing

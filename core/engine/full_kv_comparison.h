@@ -17,7 +17,9 @@
 namespace vericache {
 
 // How one request's output differs from its reference: the one comparison every lossless check
-// makes (run --check, the conformance kit, the checklist, the benchmarks).
+// makes — tokens and finish reason (diff_output) for run --check, the conformance kit and the
+// checklist; tokens only (diff_tokens) for bench-engine, whose requests ignore EOS and run to their
+// token count, so their finish reasons cannot differ.
 struct OutputDiff {
   int64_t mismatched_tokens = 0;  // positions whose token differs; each position only one output has counts
   int64_t first_mismatch = -1;    // the first such position; -1 when the tokens agree
