@@ -201,6 +201,27 @@ TEST(Lossless, QuantizersAtEveryBitWidth) {
   }
 }
 
+// `name` at c = 0.25, x = 16 on long `requests`: identical to `reference`, no compressor failure,
+// really compressed.
+void expect_long_prompts_lossless(const LlamaModel& m, const std::string& name,
+                                  const std::vector<GenerationRequest>& requests,
+                                  const std::vector<GenerationResult>& reference) {
+  auto compressor = plugin(name);
+  ASSERT_NE(compressor, nullptr);
+  EngineOptions options;
+  options.compressor = compressor.get();
+  options.ratio = 0.25;
+  options.draft_length = 16;
+  const EngineRun run = run_engine(m, options, requests);
+  expect_identical(run, reference, name + " on long prompts");
+  for (const EngineResult& r : run.results) {
+    EXPECT_EQ(r.compressor_failure, "") << name;
+    EXPECT_LT(r.metrics.resident_kv_slots, r.metrics.full_kv_slots) << name << ": nothing was compressed";
+  }
+  std::printf("%-20s long prompts: acceptance %.3f, mean acceptance length %.2f\n", name.c_str(),
+              run.totals.acceptance_rate(), run.totals.mean_acceptance_length());
+}
+
 // CI's long prompt (2.7K tokens, many pages, KVzip's chunked reconstruction): KVzip at c = 0.25,
 // x = 16, identical to full-KV decoding. Every token dropper on two long prompts is
 // Lossless.LongPrompts, in the slow suite.
@@ -209,16 +230,7 @@ TEST(Lossless, ALongPrompt) {
   ASSERT_NE(m, nullptr);
   const std::vector<GenerationRequest> requests = {request_for(long_prompt(1), 24)};
   ASSERT_GE(requests[0].prompt.size(), 2000u);
-  auto compressor = plugin("kvzip");
-  ASSERT_NE(compressor, nullptr);
-  EngineOptions options;
-  options.compressor = compressor.get();
-  options.ratio = 0.25;
-  options.draft_length = 16;
-  const EngineRun run = run_engine(*m, options, requests);
-  expect_identical(run, full_kv(*m, requests), "kvzip on a long prompt");
-  EXPECT_EQ(run.results[0].compressor_failure, "");
-  EXPECT_LT(run.results[0].metrics.resident_kv_slots, run.results[0].metrics.full_kv_slots);
+  expect_long_prompts_lossless(*m, "kvzip", requests, full_kv(*m, requests));
 }
 
 // Long prompts (2K-3.5K tokens): every plugin at c = 0.25, two requests per engine. Slow suite only
@@ -229,19 +241,8 @@ TEST(Lossless, LongPrompts) {
   const std::vector<GenerationRequest> requests = {request_for(long_prompt(0), 24), request_for(long_prompt(1), 24)};
   ASSERT_GE(requests[0].prompt.size(), 2000u);
   const std::vector<GenerationResult> reference = full_kv(*m, requests);
-  for (const std::string& name : testing::bundled_plugin_names(CompressorFamily::kTokenDropping)) {
-    auto compressor = plugin(name);
-    ASSERT_NE(compressor, nullptr);
-    EngineOptions options;
-    options.compressor = compressor.get();
-    options.ratio = 0.25;
-    options.draft_length = 16;
-    const EngineRun run = run_engine(*m, options, requests);
-    expect_identical(run, reference, name + " on long prompts");
-    for (const EngineResult& r : run.results) EXPECT_EQ(r.compressor_failure, "") << name;
-    std::printf("%-20s long prompts: acceptance %.3f, mean acceptance length %.2f\n", name.c_str(),
-                run.totals.acceptance_rate(), run.totals.mean_acceptance_length());
-  }
+  for (const std::string& name : testing::bundled_plugin_names(CompressorFamily::kTokenDropping))
+    expect_long_prompts_lossless(*m, name, requests, reference);
 }
 
 // Qwen2.5-Coder 0.5B (qwen2): two medium prompts in one batch, every plugin (droppers at c = 0.25,
