@@ -14,6 +14,9 @@
 #                .gpu/model.part1 carried now, .gpu/model.part0 or /root/vericache_model.part0 left by an
 #                earlier call on the same (still warm) machine
 #   GoogleTest   the system's, or Debian's sources copied to .gpu/googletest (-DVC_GTEST_SOURCE_DIR)
+#   a prebuilt   optional: .gpu/prebuilt/ from harness/bench/gpu_pack_prebuilt.sh (the GPU machine's image
+#                has no Boost, HDF5 or nlohmann/json to build with); then nothing is built here, the
+#                binaries run against this machine's torch, and gpu_tests runs directly (no ctest)
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"
@@ -29,16 +32,39 @@ fi
 [[ "$(sha256sum "$MODEL" | cut -d' ' -f1)" == "$MODEL_SHA256" ]] || { echo "gpu_check: $MODEL has the wrong SHA-256"; exit 1; }
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; git log -1 --format='commit %H' 2>/dev/null; } | tee "$OUT/machine.txt"
-PREFIX="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
-extra=()
-[[ -d .gpu/googletest ]] && extra+=("-DVC_GTEST_SOURCE_DIR=$PWD/.gpu/googletest")
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" "${extra[@]}" \
-  > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
-cmake --build build-gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E 'error' "$OUT/build.log" | head -40; exit 1; }
-
-ctest --test-dir build-gpu -L gpu --output-on-failure > "$OUT/gpu_tests.log" 2>&1
+{ echo "build prerequisites on this machine (for building here):"
+  for h in /usr/include/boost/dll.hpp /usr/include/hdf5/serial/hdf5.h /usr/include/nlohmann/json.hpp; do
+    [[ -e $h ]] && echo "  $h present" || echo "  $h missing"; done; } >> "$OUT/machine.txt"
+if [[ -x .gpu/prebuilt/vericache ]]; then
+  # Built at /work/main (RUNPATH, plugin and model directories are fixed at build time): give this copy that path.
+  if [[ "$(realpath /work/main 2>/dev/null)" != "$(realpath "$PWD")" ]]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
+  mkdir -p build/core build/tests build/plugins
+  cp .gpu/prebuilt/vericache build/ && cp .gpu/prebuilt/gpu_tests build/tests/ &&
+    cp .gpu/prebuilt/libvericache_core.so build/core/ && cp .gpu/prebuilt/plugins/* build/plugins/
+  TORCH_LIB="$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+  export LD_LIBRARY_PATH="$TORCH_LIB:$TORCH_LIB/../../nvidia/cu13/lib:/tmp/vc_missing_libs"
+  mkdir -p /tmp/vc_missing_libs
+  for _ in 1 2 3; do  # libraries this machine lacks, from the carried ones; repeated for their own needs
+    for lib in $(ldd build/vericache build/tests/gpu_tests build/plugins/*.so | awk '/not found/ {print $1}' | sort -u); do
+      [[ -f .gpu/prebuilt/lib/$lib ]] && ln -sf "$PWD/.gpu/prebuilt/lib/$lib" /tmp/vc_missing_libs/
+    done
+  done
+  echo "prebuilt binaries; libraries taken from the carried ones: $(ls /tmp/vc_missing_libs | tr '\n' ' ')" | tee -a "$OUT/machine.txt"
+  ldd build/vericache build/tests/gpu_tests | grep 'not found' && { echo "gpu_check: libraries missing"; exit 1; }
+  BUILD=build
+  build/tests/gpu_tests > "$OUT/gpu_tests.log" 2>&1
+else
+  PREFIX="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+  extra=()
+  [[ -d .gpu/googletest ]] && extra+=("-DVC_GTEST_SOURCE_DIR=$PWD/.gpu/googletest")
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" "${extra[@]}" \
+    > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
+  cmake --build build-gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E 'error' "$OUT/build.log" | head -40; exit 1; }
+  BUILD=build-gpu
+  ctest --test-dir build-gpu -L gpu --output-on-failure > "$OUT/gpu_tests.log" 2>&1
+fi
 tail -12 "$OUT/gpu_tests.log"
-build-gpu/vericache bench --device cuda --dtype bfloat16 --contexts 2048,8192 --batches 1,8,64 --decode-tokens 32 \
+"$BUILD"/vericache bench --device cuda --dtype bfloat16 --contexts 2048,8192 --batches 1,8,64 --decode-tokens 32 \
   --json > "$OUT/gpu_bench.jsonl" 2> "$OUT/gpu_bench.err" || tail -20 "$OUT/gpu_bench.err"
 python3 harness/bench/roofline.py --bandwidth-tbs 4.3 "$OUT/gpu_bench.jsonl" | tee "$OUT/gpu_bench.md"
 
@@ -46,7 +72,7 @@ python3 harness/bench/roofline.py --bandwidth-tbs 4.3 "$OUT/gpu_bench.jsonl" | t
 # decode shapes and its 26-row verify window at B=32 ctx 8K, K/V random (no prefill), 20 timed forwards each.
 for grid in "8192 1,8,32 1" "2048 32 1" "32768 8 1" "8192 32 26"; do
   read -r ctx batches window <<< "$grid"
-  build-gpu/vericache bench --random-weights llama-3.1-8b --device cuda --dtype bfloat16 --contexts "$ctx" \
+  "$BUILD"/vericache bench --random-weights llama-3.1-8b --device cuda --dtype bfloat16 --contexts "$ctx" \
     --batches "$batches" --window "$window" --decode-tokens 20 --json >> "$OUT/gpu_bench_8b.jsonl" 2>> "$OUT/gpu_bench_8b.err" ||
     { echo "gpu_check: 8B bench $grid failed"; tail -5 "$OUT/gpu_bench_8b.err"; }
 done
@@ -56,7 +82,7 @@ python3 harness/bench/roofline.py --bandwidth-tbs 4.3 --peak-tflops 790 "$OUT/gp
 # decodes on it; the JSON lines record resident vs full slots and timings.
 head -c 12000 datasets/tokenizer_corpus/corpus.txt > "$OUT/compress_prompt.txt"
 for c in snapkv expected_attention kvzip; do
-  build-gpu/vericache generate --device cuda --compressor "$c" -c 0.25 -n 16 --ignore-eos --json \
+  "$BUILD"/vericache generate --device cuda --compressor "$c" -c 0.25 -n 16 --ignore-eos --json \
     -f "$OUT/compress_prompt.txt" >> "$OUT/gpu_compressors.jsonl" 2>> "$OUT/gpu_compressors.err" ||
     { echo "gpu_check: $c failed"; tail -5 "$OUT/gpu_compressors.err"; }
 done
