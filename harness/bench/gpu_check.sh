@@ -15,8 +15,8 @@
 #                .gpu/model.part1 carried now, .gpu/model.part0 or /root/vericache_model.part0 left by an
 #                earlier call on the same (still warm) machine
 #   GoogleTest   the system's, or Debian's sources copied to .gpu/googletest (-DVC_GTEST_SOURCE_DIR)
-#   a prebuilt   optional: .gpu/prebuilt/ from harness/bench/gpu_pack_prebuilt.sh (the GPU machine's image
-#                has no Boost, HDF5 or nlohmann/json to build with); then nothing is built here, the
+#   a prebuilt   optional: .gpu/prebuilt/ from harness/bench/gpu_pack_prebuilt.sh (saves the device
+#                minutes of a build); then nothing is built here, the
 #                binaries run against this machine's torch, and gpu_tests runs directly (no ctest)
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu_out}"

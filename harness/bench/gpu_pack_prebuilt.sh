@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Packs this machine's CUDA build (build/, configured by harness/setup.sh: sm_90 code from
-# TORCH_CUDA_ARCH_LIST=9.0) into .gpu/prebuilt/ for gpu_check.sh, for when the GPU machine cannot
-# build: its image has CUDA, torch 2.11.0+cu130, CMake and ninja but not Debian's Boost, HDF5 or
-# nlohmann/json. Carried: the vericache binary, gpu_tests, the core library, the bundled plugins, and
+# TORCH_CUDA_ARCH_LIST=9.0) into .gpu/prebuilt/ for gpu_check.sh, which then runs it instead of
+# building on the GPU machine: device minutes are scarce, and the binaries are the ones tested here.
+# (That machine's image, seen 2026-12-04, has Boost, HDF5 and nlohmann/json headers too, but another
+# Boost: libboost_program_options.so.1.74.0 had to be carried.)
+# Carried: the vericache binary, gpu_tests, the core library, the bundled plugins, and
 # the system libraries they link that are neither glibc nor torch's (gpu_check.sh links only those
 # the GPU machine lacks). The binaries load the GPU machine's own torch 2.11.0+cu130 libraries.
 set -euo pipefail
