@@ -6,7 +6,9 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "engine/generator.h"
 #include "kernels/cuda_ops.h"
@@ -27,14 +29,26 @@ bool have_cuda_device() {
 #define REQUIRE_CUDA_DEVICE() \
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device"
 
-TEST(GpuKernels, PagedAttentionMatchesCpuKernelAndIsRowInvariant) {
+struct AttentionShape {
+  int64_t heads, kv_heads, hd, ps, cached, rows;
+};
+
+// Rows of one request at positions cached + 1 .. cached + rows against the CPU kernel, and each row
+// alone bitwise equal to the same row in the launch of all. Shapes: SmolLM2's (one 256-slot chunk
+// of the split kernels, groups of 3), Llama-3.1-8B's (groups of 4, head_dim 128, 3 chunks with a
+// partial last one, and rows whose lengths straddle a chunk boundary), and groups of 9 (the one-pass kernel).
+class GpuAttention : public ::testing::TestWithParam<AttentionShape> {};
+
+TEST_P(GpuAttention, PagedAttentionMatchesCpuKernelAndIsRowInvariant) {
   REQUIRE_CUDA_DEVICE();
-  const int64_t heads = 6, kv_heads = 2, hd = 64, ps = 16, n_pages = 8, cached = 70, rows = 9;
+  const auto [heads, kv_heads, hd, ps, cached, rows] = GetParam();
+  const int64_t n_pages = (cached + rows + ps - 1) / ps + 1;
   at::manual_seed(1);
   const at::Tensor k_pages = at::randn({n_pages, kv_heads, hd, ps});
   const at::Tensor v_pages = at::randn({n_pages, kv_heads, ps, hd});
   const at::Tensor q = at::randn({rows, heads, hd}) * 0.3;
-  const std::vector<int64_t> table{5, 2, 7, 0, 3, 1, 6, 4};
+  std::vector<int64_t> table(static_cast<size_t>(n_pages));
+  for (int64_t i = 0; i < n_pages; ++i) table[static_cast<size_t>(i)] = (i * 5 + 3) % n_pages;  // scattered pages
   const std::vector<int32_t> table32(table.begin(), table.end());
 
   // CPU reference: the row-invariant CPU kernel.
@@ -52,7 +66,7 @@ TEST(GpuKernels, PagedAttentionMatchesCpuKernelAndIsRowInvariant) {
   a.n_kv_heads = kv_heads;
   a.head_dim = hd;
   a.cached_len = cached;
-  a.scale = 0.125f;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   for (int64_t g = 0; g < kv_heads; ++g) cpu::best_kernels().attention(a, g, 0, rows);
 
   const auto i64 = at::TensorOptions().dtype(at::kLong);
@@ -60,15 +74,22 @@ TEST(GpuKernels, PagedAttentionMatchesCpuKernelAndIsRowInvariant) {
   const at::Tensor starts = at::zeros({rows}, i64).cuda();
   const at::Tensor lens = at::arange(cached + 1, cached + rows + 1, i64).cuda();
   const at::Tensor kp = k_pages.cuda(), vp = v_pages.cuda(), qc = q.cuda();
-  const at::Tensor all = cuda::paged_attention_tensor(qc, kp, vp, pages, starts, lens, cached + rows, 0.125).cpu();
+  const double scale = a.scale;
+  const at::Tensor all = cuda::paged_attention_tensor(qc, kp, vp, pages, starts, lens, cached + rows, scale).cpu();
   EXPECT_LT((all - expected).abs().max().item<float>(), 1e-5);
   for (int64_t r = 0; r < rows; ++r) {
+    // A larger max_len than the row needs (more, empty chunks) must not change it either.
     const at::Tensor one = cuda::paged_attention_tensor(qc.narrow(0, r, 1).contiguous(), kp, vp, pages,
-                                                        starts.narrow(0, r, 1), lens.narrow(0, r, 1), cached + r + 1, 0.125)
+                                                        starts.narrow(0, r, 1), lens.narrow(0, r, 1),
+                                                        cached + r + 1 + (r % 2) * 300, scale)
                                .cpu();
     EXPECT_EQ(std::memcmp(one.data_ptr<float>(), all[r].data_ptr<float>(), heads * hd * sizeof(float)), 0) << "row " << r;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
+                         ::testing::Values(AttentionShape{9, 3, 64, 16, 70, 9}, AttentionShape{32, 8, 128, 16, 740, 26},
+                                           AttentionShape{9, 1, 64, 16, 300, 5}));
 
 TEST(GpuKernels, WriteKvPagesMatchesIndexPut) {
   REQUIRE_CUDA_DEVICE();
@@ -93,19 +114,22 @@ TEST(GpuKernels, InvariantLinearRowsDoNotDependOnTheRowCount) {
   REQUIRE_CUDA_DEVICE();
   at::manual_seed(3);
   for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
-    for (const int64_t in : {576, 1000, 100}) {
-      const int64_t out = 1000, all_rows = 130;
+    // out 1024 with K a multiple of 16 takes the skinny kernel for <= 16 rows (576: K / 16 odd, 4096 and
+    // 1040: full stages, 1040 with a tail); out 1000 keeps the tiled kernel at every row count.
+    for (const auto& [in, out] : {std::pair<int64_t, int64_t>{576, 1000}, {1000, 1000}, {100, 1000}, {576, 1024},
+                                 {4096, 1024}, {1040, 1024}}) {
+      const int64_t all_rows = 130;
       const auto o = at::TensorOptions().dtype(dtype).device(at::kCUDA);
       const at::Tensor x = (at::randn({all_rows, in}) * 0.5).to(o), w = (at::randn({out, in}) * 0.05).to(o);
       const at::Tensor bias = (at::randn({out}) * 0.1).to(o);
       const at::Tensor all = cuda::invariant_linear_tensor(x, w, bias).cpu();
       const at::Tensor reference = at::linear(x.to(at::kDouble), w.to(at::kDouble), bias.to(at::kDouble)).cpu();
       const double tolerance = dtype == at::kFloat ? 1e-4 : dtype == at::kHalf ? 5e-3 : 3e-2;
-      EXPECT_LT((all.to(at::kDouble) - reference).abs().max().item<double>(), tolerance) << dtype << " in " << in;
-      for (const int64_t rows : {1, 2, 7, 26, 64, 65}) {
+      EXPECT_LT((all.to(at::kDouble) - reference).abs().max().item<double>(), tolerance) << dtype << " in " << in << " out " << out;
+      for (const int64_t rows : {1, 2, 7, 16, 17, 26, 64, 65}) {
         for (const int64_t first : {int64_t{0}, all_rows - rows}) {
           const at::Tensor part = cuda::invariant_linear_tensor(x.narrow(0, first, rows), w, bias).cpu();
-          EXPECT_TRUE(at::equal(part, all.narrow(0, first, rows))) << dtype << " in " << in << " rows " << rows << " from " << first;
+          EXPECT_TRUE(at::equal(part, all.narrow(0, first, rows))) << dtype << " in " << in << " out " << out << " rows " << rows << " from " << first;
         }
       }
       const at::Tensor no_bias = cuda::invariant_linear_tensor(x, w, at::Tensor()).cpu();

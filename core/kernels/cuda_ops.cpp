@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -67,6 +68,16 @@ at::Tensor paged_attention_tensor(const at::Tensor& q, const at::Tensor& k_pages
   p.page_size = k_pages.size(3);
   p.max_len = max_len;
   p.scale = static_cast<float>(scale);
+  at::Tensor workspace;
+  if (split_attention_applies(p)) {
+    // Passes of at most 64 MiB of scratch, and never fewer than one row per pass.
+    constexpr int64_t kMaxWorkspaceFloats = int64_t{16} << 20;
+    const int64_t per_row = split_attention_workspace_floats(p, 1);
+    const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(p.rows, kMaxWorkspaceFloats / per_row));
+    workspace = at::empty({rows * per_row}, q.options().dtype(at::kFloat));
+    p.workspace = workspace.data_ptr<float>();
+    p.workspace_floats = workspace.numel();
+  }
   check(paged_attention(p, dtype_of(q), c10::cuda::getCurrentCUDAStream()), "paged_attention");
   return out;
 }

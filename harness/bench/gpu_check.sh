@@ -39,21 +39,22 @@ fi
 if [[ -x .gpu/prebuilt/vericache ]]; then
   # Built at /work/main (RUNPATH, plugin and model directories are fixed at build time): give this copy that path.
   if [[ "$(realpath /work/main 2>/dev/null)" != "$(realpath "$PWD")" ]]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
-  mkdir -p build/core build/tests build/plugins
-  cp .gpu/prebuilt/vericache build/ && cp .gpu/prebuilt/gpu_tests build/tests/ &&
-    cp .gpu/prebuilt/libvericache_core.so build/core/ && cp .gpu/prebuilt/plugins/* build/plugins/
+  BUILD="$(cat .gpu/prebuilt/build_dir)"  # where it was built: its binaries look for plugins there
+  echo "prebuilt at: $(cat .gpu/prebuilt/commit)" | tee -a "$OUT/machine.txt"
+  mkdir -p "$BUILD"/core "$BUILD"/tests "$BUILD"/plugins
+  cp .gpu/prebuilt/vericache "$BUILD"/ && cp .gpu/prebuilt/gpu_tests "$BUILD"/tests/ &&
+    cp .gpu/prebuilt/libvericache_core.so "$BUILD"/core/ && cp .gpu/prebuilt/plugins/* "$BUILD"/plugins/
   TORCH_LIB="$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
   export LD_LIBRARY_PATH="$TORCH_LIB:$TORCH_LIB/../../nvidia/cu13/lib:/tmp/vc_missing_libs"
   mkdir -p /tmp/vc_missing_libs
   for _ in 1 2 3; do  # libraries this machine lacks, from the carried ones; repeated for their own needs
-    for lib in $(ldd build/vericache build/tests/gpu_tests build/plugins/*.so | awk '/not found/ {print $1}' | sort -u); do
+    for lib in $(ldd "$BUILD"/vericache "$BUILD"/tests/gpu_tests "$BUILD"/plugins/*.so | awk '/not found/ {print $1}' | sort -u); do
       [[ -f .gpu/prebuilt/lib/$lib ]] && ln -sf "$PWD/.gpu/prebuilt/lib/$lib" /tmp/vc_missing_libs/
     done
   done
   echo "prebuilt binaries; libraries taken from the carried ones: $(ls /tmp/vc_missing_libs | tr '\n' ' ')" | tee -a "$OUT/machine.txt"
-  ldd build/vericache build/tests/gpu_tests | grep 'not found' && { echo "gpu_check: libraries missing"; exit 1; }
-  BUILD=build
-  build/tests/gpu_tests > "$OUT/gpu_tests.log" 2>&1
+  ldd "$BUILD"/vericache "$BUILD"/tests/gpu_tests | grep 'not found' && { echo "gpu_check: libraries missing"; exit 1; }
+  "$BUILD"/tests/gpu_tests > "$OUT/gpu_tests.log" 2>&1
 else
   PREFIX="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
   extra=()

@@ -25,9 +25,18 @@ struct PagedAttentionParams {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;                  // 64 or 128
   int64_t page_size = 0;
-  int64_t max_len = 0;                   // >= every row_len: sizes the shared-memory score buffer
+  int64_t max_len = 0;                   // >= every row_len: sizes the buffers
   float scale = 0;
+  // Device scratch for the split kernels (split_attention_applies): at least
+  // split_attention_workspace_floats(params, 1) floats; rows run in passes of as many as fit.
+  float* workspace = nullptr;
+  int64_t workspace_floats = 0;
 };
+
+// Whether paged_attention takes the split kernels for these shapes (query-head groups of 1 to 8).
+bool split_attention_applies(const PagedAttentionParams& params);
+// Floats of workspace that `rows` rows of these shapes need in one pass.
+int64_t split_attention_workspace_floats(const PagedAttentionParams& params, int64_t rows);
 
 struct WriteKvParams {
   const void* k = nullptr;               // row r: n_kv_heads * head_dim values at k + r * k_row_stride

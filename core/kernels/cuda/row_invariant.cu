@@ -8,6 +8,7 @@
 //   tensor cores: 4 warps, each a 32 x 32 quarter of the tile as 2 x 2 WMMA 16x16x16 fragments with
 //                 float32 accumulators, one mma per fragment per 16 of K, in order
 //   plain:        16 x 16 threads, each 4 x 4 outputs, one float32 fma per k, in order
+//   skinny:       launches of <= 16 rows (bf16/fp16): the tensor-core arithmetic, laid out for streaming
 // RMSNorm: one block of 256 threads per row; thread t sums the squares of elements t, t + 256, ...
 // in order, then a fixed tree over the block.
 #include <cuda_bf16.h>
@@ -90,6 +91,86 @@ __global__ void __launch_bounds__(128) linear_wmma_kernel(const T* __restrict__ 
   store_tile(results, ldr, bias, y, row0, col0, rows, out);
 }
 
+// Few rows (decode, draft steps): the tiled kernel above runs out/64 blocks that each wait on one
+// 64 x 32 weight tile at a time, so it streams weights at a tenth of the bandwidth. Here each warp owns
+// 16 columns and all <= 16 rows, loads its weight fragments straight from global memory two stages
+// ahead, and stages the rows of x per warp in shared memory (rows past `rows` read as zeros). The
+// arithmetic of every element is the tiled kernel's: the same 16x16x16 fragments in ascending K from
+// zero, one mma each, and the tiled kernel's trailing zero half-tile when K / 16 is odd, so a row
+// comes out bitwise the same from either kernel (GpuKernels.InvariantLinearRowsDoNotDependOnTheRowCount).
+constexpr int kSkinnyRows = 16;  // launches of at most this many rows take the skinny kernel
+constexpr int kSkinnyWarps = 2;  // warps per block
+constexpr int kStage = 8;        // K steps of 16 per stage
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kSkinnyWarps)
+    linear_wmma_skinny_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                              T* __restrict__ y, int64_t rows, int64_t in, int64_t out) {
+  using namespace nvcuda;
+  constexpr int ldx = 16 * kStage + 8;
+  __shared__ __align__(32) T xs[kSkinnyWarps][16 * ldx];
+  __shared__ __align__(32) float results[kSkinnyWarps][16 * 16];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t col0 = (static_cast<int64_t>(blockIdx.x) * kSkinnyWarps + warp) * 16;
+  if (col0 >= out) return;  // the whole warp; nothing below synchronizes more than one warp
+  T* xw = xs[warp];
+  const T* wcol = w + col0 * in;
+  // x's K steps [step, step + n) into xw: 16 rows x 16n values as 2n vectors of 8 per row.
+  auto stage_x = [&](int64_t step, int n) {
+    for (int v = lane; v < 32 * n; v += 32) {
+      const int r = v / (2 * n), k = (v % (2 * n)) * 8;
+      uint4 value = make_uint4(0, 0, 0, 0);
+      if (r < rows) value = *reinterpret_cast<const uint4*>(x + r * in + step * 16 + k);
+      *reinterpret_cast<uint4*>(xw + r * ldx + k) = value;
+    }
+    __syncwarp();
+  };
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+  wmma::fill_fragment(acc, 0.0f);
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[kStage], next[kStage];
+  const int64_t steps = in / 16, full = steps / kStage * kStage;
+  if (full > 0)
+    for (int i = 0; i < kStage; ++i) wmma::load_matrix_sync(b[i], wcol + i * 16, static_cast<unsigned>(in));
+  int64_t step = 0;
+  for (; step < full; step += kStage) {
+    const bool more = step + kStage < full;
+    if (more)
+      for (int i = 0; i < kStage; ++i)
+        wmma::load_matrix_sync(next[i], wcol + (step + kStage + i) * 16, static_cast<unsigned>(in));
+    stage_x(step, kStage);
+    for (int i = 0; i < kStage; ++i) {
+      wmma::load_matrix_sync(a, xw + i * 16, ldx);
+      wmma::mma_sync(acc, a, b[i], acc);
+    }
+    __syncwarp();  // xw is rewritten by the next stage
+    if (more)
+      for (int i = 0; i < kStage; ++i) b[i] = next[i];
+  }
+  for (; step < steps; ++step) {
+    wmma::load_matrix_sync(b[0], wcol + step * 16, static_cast<unsigned>(in));
+    stage_x(step, 1);
+    wmma::load_matrix_sync(a, xw, ldx);
+    wmma::mma_sync(acc, a, b[0], acc);
+    __syncwarp();
+  }
+  if (steps % 2 == 1) {  // the tiled kernel's last 32-wide K tile ends in 16 zeros: one more mma of zeros
+    wmma::fill_fragment(a, from_float<T>(0.0f));
+    wmma::fill_fragment(b[0], from_float<T>(0.0f));
+    wmma::mma_sync(acc, a, b[0], acc);
+  }
+  wmma::store_matrix_sync(results[warp], acc, 16, wmma::mem_row_major);
+  __syncwarp();
+  for (int i = lane; i < 16 * 16; i += 32) {
+    const int r = i / 16, c = i % 16;
+    if (r >= rows) break;
+    float v = results[warp][i];
+    if (bias != nullptr) v += to_float(bias[col0 + c]);
+    y[r * out + col0 + c] = from_float<T>(v);
+  }
+}
+
 // Any dtype, any K: 256 threads, each a 4 x 4 block of outputs (rows ty + 16 i, columns tx + 16 j).
 template <typename T>
 __global__ void __launch_bounds__(256) linear_plain_kernel(const T* __restrict__ x, const T* __restrict__ w,
@@ -142,7 +223,7 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* __r
   for (int64_t i = threadIdx.x; i < dim; i += kNormThreads) out[i] = row[i] * scale * weight[i];
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 template <typename T>
 cudaError_t launch(const InvariantLinearParams& p, bool tensor_cores, cudaStream_t stream) {
@@ -153,6 +234,14 @@ cudaError_t launch(const InvariantLinearParams& p, bool tensor_cores, cudaStream
   const auto* bias = static_cast<const T*>(p.bias);
   auto* y = static_cast<T*>(p.y);
   if constexpr (!std::is_same_v<T, float>) {
+    // The skinny kernel reads weight fragments from global memory: 16 | K, 16 | out, 32-byte aligned.
+    if (tensor_cores && p.rows <= kSkinnyRows && p.in_features % 16 == 0 && p.out_features % 16 == 0 &&
+        aligned(w, 32)) {
+      const unsigned blocks = static_cast<unsigned>((p.out_features / 16 + kSkinnyWarps - 1) / kSkinnyWarps);
+      linear_wmma_skinny_kernel<T><<<blocks, 32 * kSkinnyWarps, 0, stream>>>(x, w, bias, y, p.rows, p.in_features,
+                                                                              p.out_features);
+      return cudaGetLastError();
+    }
     if (tensor_cores) {
       linear_wmma_kernel<T><<<grid, 128, 0, stream>>>(x, w, bias, y, p.rows, p.in_features, p.out_features);
       return cudaGetLastError();
@@ -167,7 +256,7 @@ cudaError_t launch(const InvariantLinearParams& p, bool tensor_cores, cudaStream
 cudaError_t invariant_linear(const InvariantLinearParams& p, DType dtype, cudaStream_t stream) {
   if (p.rows <= 0 || p.out_features <= 0) return cudaSuccess;
   if (p.rows > 65535LL * kTile) return cudaErrorInvalidValue;
-  const bool tensor_cores = p.in_features % 8 == 0 && aligned16(p.x) && aligned16(p.w);
+  const bool tensor_cores = p.in_features % 8 == 0 && aligned(p.x, 16) && aligned(p.w, 16);
   switch (dtype) {
     case DType::kFloat32: return launch<float>(p, false, stream);
     case DType::kFloat16: return launch<__half>(p, tensor_cores, stream);
