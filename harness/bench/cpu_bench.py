@@ -3,8 +3,10 @@
 
 For each model file (the packaged Q4_1 GGUF and an F32 GGUF made from it: equal precision with our
 float32 engine), each context C and batch B, the two engines run back to back with the same
-thread count on the same prompts (B different C-token slices of datasets/tokenizer_corpus/corpus.txt,
-tokenized identically by both):
+thread count on the same prompts (B different C-token slices of one text, tokenized identically by
+both; --text datasets, the default, joins the prompts of the repository's long_docs, long_code,
+code_tasks and function_calling sets; --text corpus takes datasets/tokenizer_corpus/corpus.txt, whose
+licence texts the model has memorized; throughput does not depend on which, acceptance would):
   prefill  B*C prompt tokens (both engines chunk prompts: ours 512 tokens per request per forward,
            llama.cpp n_batch 2048 / n_ubatch 512), tokens/s = B*C / seconds
   decode   D-1 steps of one token per request after the first generated token, tokens/s =
@@ -79,9 +81,28 @@ def make_f32_copy(src, dst):
     os.replace(dst + ".tmp", dst)
 
 
-def run_vericache(model, context, batch, decode_tokens, threads):
+DATASET_SETS = ("long_docs", "long_code", "code_tasks", "function_calling")
+DATASETS_TEXT = os.path.join(ROOT, ".cache", "bench_datasets_text.txt")
+
+
+def bench_text(which):
+    """The file prompts are cut from: the corpus, or the dataset prompts joined (written to .cache/)."""
+    if which == "corpus":
+        return CORPUS
+    parts = []
+    for name in DATASET_SETS:
+        path = os.path.join(ROOT, "datasets", name, "prompts.json")
+        if not os.path.exists(path):
+            sys.exit(f"cpu_bench.py: {path} is missing; harness/setup.sh builds it")
+        parts += [p["text"] for p in json.load(open(path, encoding="utf-8"))["prompts"]]
+    os.makedirs(os.path.dirname(DATASETS_TEXT), exist_ok=True)
+    write_atomically(DATASETS_TEXT, "\n\n".join(parts))
+    return DATASETS_TEXT
+
+
+def run_vericache(model, context, batch, decode_tokens, threads, text_file):
     cmd = [VERICACHE, "bench", "--model", model, "--contexts", str(context), "--batches", str(batch),
-           "--decode-tokens", str(decode_tokens), "--threads", str(threads), "--json"]
+           "--decode-tokens", str(decode_tokens), "--threads", str(threads), "--text-file", text_file, "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -179,6 +200,9 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m"] + sorted(MODELS),
                     help="smollm2-135m: its packaged Q4_1 file and an F32 copy; a Qwen model: its packaged Q4_K_M file")
+    ap.add_argument("--text", choices=["datasets", "corpus"], default="datasets",
+                    help="what the prompts are cut from: the repository's prompt sets joined (default), or "
+                         "the tokenizer corpus (licence texts the model has memorized)")
     ap.add_argument("--out", help="output prefix (default results/bench_cpu_<model>)")
     args = ap.parse_args()
     if args.out is None:
@@ -197,17 +221,22 @@ def main():
     else:
         title, name = MODELS[args.model]
         files = (("Q4_K_M (packaged)", os.path.join(ROOT, ".models", name), 1),)
-    text = open(CORPUS, encoding="utf-8", newline="").read()
+    text_file = bench_text(args.text)
+    text = open(text_file, encoding="utf-8", newline="").read()
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip() != ""
     rows = []
     for label, path, kv_type in files:
         peer = LlamaCpp(path, args.threads)
         corpus = peer.tokenize(text)
+        if len(corpus) < max(contexts) * max(batches):
+            sys.exit(f"cpu_bench.py: {text_file} has {len(corpus)} tokens, fewer than {max(contexts) * max(batches)}")
         for context in contexts:
             for batch in batches:
                 prompts = [corpus[i * context:(i + 1) * context] for i in range(batch)]
                 log(f"{label}: context {context}, batch {batch}: vericache")
-                ours = run_vericache(path, context, batch, args.decode_tokens, args.threads)
+                ours = run_vericache(path, context, batch, args.decode_tokens, args.threads, text_file)
                 log(f"{label}: context {context}, batch {batch}: llama.cpp")
                 theirs = peer.bench(prompts, args.decode_tokens, kv_type)
                 rows.append({"file": label, "context": context, "batch": batch, "vericache": ours, "llama_cpp": theirs})
@@ -217,14 +246,18 @@ def main():
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
             "command": "python3 harness/bench/cpu_bench.py " + " ".join(sys.argv[1:]), "cpu": cpu,
-            "cores": os.cpu_count(), "threads": args.threads, "llama_cpp_python": md.version("llama_cpp_python"),
+            "cores": os.cpu_count(), "threads": args.threads, "text": args.text, "dirty": dirty, "llama_cpp_python": md.version("llama_cpp_python"),
             "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode().strip(),
             "python": platform.python_version()}
     write_atomically(args.out + ".json", json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [
         f"# CPU throughput: VeriCache vs llama.cpp, {title}",
         "",
-        f"- command: `{meta['command']}` at commit `{commit}` ({meta['date']})",
+        f"- command: `{meta['command']}` at commit `{commit}`"
+        f"{' (with uncommitted changes)' if dirty else ' (clean tree)'} ({meta['date']})",
+        "- prompts: " + ("distinct slices of the repository's prompt sets joined (" + ", ".join(DATASET_SETS) + ")"
+                         if args.text == "datasets" else "distinct slices of datasets/tokenizer_corpus/corpus.txt "
+                         "(licence texts the model has memorized)") + "; throughput does not depend on the text",
         f"- machine: {cpu}, {meta['cores']} cores, {args.threads} threads for both engines",
         f"- llama.cpp: llama-cpp-python {meta['llama_cpp_python']} ({meta['llama_cpp_system_info']})",
     ] + (WEIGHTS_NOTE_SMOLLM2 if args.model == "smollm2-135m" else WEIGHTS_NOTE_QWEN) + [
