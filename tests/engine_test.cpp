@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -67,6 +68,32 @@ GenerationRequest request_for(const Prompt& p, int64_t max_tokens) {
 std::shared_ptr<Compressor> plugin(const std::string& name) {
   if (name == "none") return nullptr;
   return testing::bundled_compressor(name, testing::params_for(name), *testing::default_model());
+}
+
+// The prompt lengths the README states: the 40 medium prompts (the CI subset's and the matrix's)
+// are 151-710 tokens, the 10 long ones 1,984-3,383; Lossless.ALongPrompt's is 2.7K and
+// Lossless.LongPrompts adds a 3.2K one. A rebuilt prompts.json or a changed tokenizer or chat
+// template that moves them fails here, not silently in the README.
+TEST(LosslessPrompts, HaveTheTokenCountsTheReadmeStates) {
+  ASSERT_EQ(lossless_prompts().size(), 50u);
+  size_t lo = SIZE_MAX, hi = 0;
+  for (int i = 0; i < 40; ++i) {
+    lo = std::min(lo, medium(i).ids.size());
+    hi = std::max(hi, medium(i).ids.size());
+  }
+  std::printf("medium prompts: %zu-%zu tokens\n", lo, hi);
+  EXPECT_EQ(lo, 151u);
+  EXPECT_EQ(hi, 710u);
+  lo = SIZE_MAX, hi = 0;
+  for (int i = 0; i < 10; ++i) {
+    lo = std::min(lo, long_prompt(i).ids.size());
+    hi = std::max(hi, long_prompt(i).ids.size());
+  }
+  std::printf("long prompts: %zu-%zu tokens\n", lo, hi);
+  EXPECT_EQ(lo, 1984u);
+  EXPECT_EQ(hi, 3383u);
+  EXPECT_NEAR(static_cast<double>(long_prompt(0).ids.size()), 3200.0, 50.0);
+  EXPECT_NEAR(static_cast<double>(long_prompt(1).ids.size()), 2700.0, 50.0);
 }
 
 // The CI subset of the lossless matrix: every token dropper at every ratio class (0.1, 0.25, 0.5),
@@ -233,7 +260,7 @@ TEST(Lossless, ALongPrompt) {
   expect_long_prompts_lossless(*m, "kvzip", requests, full_kv(*m, requests));
 }
 
-// Long prompts (2K-3.5K tokens): every plugin at c = 0.25, two requests per engine. Slow suite only
+// Long prompts (3.2K and 2.7K tokens): every plugin at c = 0.25, two requests per engine. Slow suite only
 // (tests/CMakeLists.txt: VC_SLOW_TESTS); CI's long prompt is Lossless.ALongPrompt's.
 TEST(Lossless, LongPrompts) {
   const LlamaModel* m = testing::default_model();

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes prompts.json: the 50 prompts of the lossless property test (tests/engine_test.cpp).
 
-40 medium prompts of roughly 100-700 tokens and 10 long ones of 2K-3.5K tokens, all slices of
+40 medium prompts of 151-710 tokens and 10 long ones of 1,984-3,383 tokens (SmolLM2's tokenizer,
+chat template applied where chat is true; tests/engine_test.cpp asserts these counts), all slices of
 datasets/tokenizer_corpus/corpus.txt (licence prose, Python source, C headers, locale data,
 mixed Unicode) at seeded offsets, each under one of a few instructions (chat-formatted) or as a raw
 continuation. Medium prompts are longer than SnapKV's 64-token observation window so that every
