@@ -5,25 +5,24 @@ so each number comes with a lossless check against full-KV decoding in the same 
 
 Tables (results/acceptance_cpu_smollm2.md, or --out):
   1. every bundled plugin at c = 0.25 (--ratio) and x in --draft-lengths, greedy, over the prompts
-     (datasets/prompts/document_2k.txt and the first --long-prompts long prompts of
-     datasets/lossless_prompts/prompts.json): mean acceptance length (1 + accepted / drafts, vLLM),
+     (the first --prompts prompts alternately of datasets/long_docs and datasets/long_code, text the
+     model has not memorized): mean acceptance length (1 + accepted / drafts, vLLM),
      acceptance rate, mismatches (must be 0);
   2. KV_comp keeping the drafted K/V vs the verified K/V of accepted tokens (greedy, x = 16);
   3. argmax vs sampled drafts at T = 0.7 (the output distribution is exact either way; only the
      acceptance differs).
 Usage, from the repository root, after harness/setup.sh (KVzap weights are trained into .cache/
 when missing, about 2 minutes):
-  python3 harness/bench/acceptance_bench.py [--draft-lengths 8,16,25] [--long-prompts 2] [--max-tokens 64]
+  python3 harness/bench/acceptance_bench.py [--draft-lengths 8,16,25] [--prompts 2] [--max-tokens 64]
 """
 import argparse
-import datetime
 import json
 import os
 import subprocess
 import sys
 
-from bench_prompts import acceptance_prompts
-from results_file import check_destination, write_atomically
+from bench_prompts import dataset_prompts
+from results_file import check_destination, command_line, provenance, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERICACHE = os.path.join(ROOT, "build", "vericache")
@@ -41,7 +40,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ratio", default="0.25")
     ap.add_argument("--draft-lengths", default="8,16,25")
-    ap.add_argument("--long-prompts", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=2, help="how many dataset prompts (long_docs, long_code in turn)")
     ap.add_argument("--max-tokens", default="64")
     ap.add_argument("--kvzap-weights", default=os.path.join(ROOT, ".cache", "kvzap.json"))
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "acceptance_cpu_smollm2.md"))
@@ -50,7 +49,7 @@ def main():
     if not os.path.exists(args.kvzap_weights):
         os.makedirs(os.path.dirname(args.kvzap_weights), exist_ok=True)
         subprocess.run([VERICACHE, "train-kvzap", "--out", args.kvzap_weights], check=True)
-    prompts = acceptance_prompts(args.long_prompts)
+    prompts = dataset_prompts(args.prompts)
     plugins = {"snapkv": "{}", "expected_attention": "{}", "kvzip": "{}",
                "kvzap": json.dumps({"weights": args.kvzap_weights})}
 
@@ -85,11 +84,11 @@ def main():
             print(f"[acceptance] {name} T = 0.7 {mode} drafts", file=sys.stderr)
             table3.append((name, mode, over_prompts(["--compressor", name, "-c", args.ratio, "-x", "16", "-t", "0.7",
                                                       "--seed", "1", "--draft-sampling", mode])))
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+    prov = provenance(ROOT)
     names = ", ".join(n for n, _, _ in prompts)
     out = ["# Draft acceptance per compressor, SmolLM2-135M-Instruct on the CPU", "",
-           f"- command: `python3 harness/bench/acceptance_bench.py {' '.join(sys.argv[1:])}` at commit `{commit}` ({when})",
+           command_line("python3 harness/bench/acceptance_bench.py " + " ".join(sys.argv[1:]), prov),
+           f"- machine: {prov['cpu']}, 2 threads (acceptance does not depend on the machine: the forward is deterministic)",
            f"- prompts: {names}; {args.max_tokens} tokens each; c = {args.ratio}; every greedy run checked against "
            "full-KV decoding in the same process (mismatches must be 0)",
            "- mean acceptance length: 1 + accepted / drafts (vLLM's definition, correction or bonus included); "

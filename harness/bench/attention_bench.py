@@ -8,20 +8,22 @@ quantizer. A quantizer whose pages are in a standard layout (KIVI) is measured r
 fused dequantize-attention kernel and through unpack(); the command fails if the two give different
 tokens. "attention" is the unpack + attention kernels of all layers (ForwardTimes).
 
+The prompt is cut from the repository's prompt sets joined (--text datasets, the default; --text corpus
+cuts it from datasets/tokenizer_corpus/corpus.txt); attention's cost does not depend on the text.
+
 Writes results/attention_8k_cpu_smollm2.md and .json (or --out). Usage, from the repository root,
 after harness/setup.sh:
-  python3 harness/bench/attention_bench.py [--context 8160] [--batch 8] [--steps 6]
+  python3 harness/bench/attention_bench.py [--context 8160] [--batch 8] [--steps 6] [--text datasets|corpus]
                                           [--quantizer 'kivi={"bits": 4}' ...]
 """
 import argparse
-import datetime
 import json
 import os
 import subprocess
 import sys
 
-from engine_bench import cpu_name
-from results_file import check_destination, write_atomically
+from bench_prompts import bench_text
+from results_file import check_destination, command_line, provenance, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERICACHE = os.path.join(ROOT, "build", "vericache")
@@ -33,13 +35,14 @@ def main():
     ap.add_argument("--batch", default="8")
     ap.add_argument("--steps", default="6")
     ap.add_argument("--threads", default="2")
+    ap.add_argument("--text", choices=["datasets", "corpus"], default="datasets", help="where the prompt is cut from")
     ap.add_argument("--quantizer", action="append", help="NAME=JSON (repeatable; default KIVI at 4 and 2 bits)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "attention_8k_cpu_smollm2"))
     args = ap.parse_args()
     check_destination(args.out + ".md")
     quantizers = args.quantizer or ['kivi={"bits": 4}', 'kivi={"bits": 2}']
     cmd = [VERICACHE, "bench-attention", "--json", "--context", args.context, "--batch", args.batch, "--steps",
-           args.steps, "--threads", args.threads]
+           args.steps, "--threads", args.threads, "--text-file", bench_text(args.text)]
     for q in quantizers:
         cmd += ["--quantizer", q]
     print(" ".join(cmd), file=sys.stderr)
@@ -47,16 +50,13 @@ def main():
     if done.returncode != 0:
         sys.exit(f"bench-attention failed (exit {done.returncode})")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True).stdout.strip()
-    when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+    prov = provenance(ROOT)
     out = [f"# A decode step at {args.context} tokens, batch {args.batch}: float32 against quantized caches (CPU)", "",
-           f"- command: `python3 harness/bench/attention_bench.py {' '.join(sys.argv[1:])}` at commit `{commit}`"
-           f"{' (uncommitted changes)' if dirty else ''} ({when})",
-           f"- machine: {cpu_name()}, {args.threads} threads, kernels {rows[0]['kernels'] if rows else '?'}; "
+           command_line("python3 harness/bench/attention_bench.py " + " ".join(sys.argv[1:]), prov),
+           f"- machine: {prov['cpu']}, {args.threads} threads, kernels {rows[0]['kernels'] if rows else '?'}; "
            f"model {os.path.basename(rows[0]['model']) if rows else '?'}",
-           f"- each of the {args.batch} requests decodes its own copy of one prefilled {args.context}-token prompt; "
+           f"- each of the {args.batch} requests decodes its own copy of one prefilled {args.context}-token prompt "
+           f"(cut from {'the prompt sets long_docs, long_code, code_tasks, function_calling joined' if args.text == 'datasets' else 'corpus.txt'}); "
            f"times are means over {int(args.steps) - 1} greedy steps after a warm-up step",
            "- attention: unpack() (when used) + the attention kernels of every layer; GB/s read: the resident KV "
            "bytes of all requests over the attention time",
@@ -70,7 +70,7 @@ def main():
             f"{r['step_ms']:.1f} | {r['attention_ms']:.1f} | {r['attention_gb_s']:.1f} | "
             f"{r['attention_speedup']:.2f}x | {r['step_speedup']:.2f}x |" for r in rows]
     write_atomically(args.out + ".md", "\n".join(out) + "\n")
-    write_atomically(args.out + ".json", json.dumps({"command": cmd, "commit": commit, "rows": rows}, indent=1) + "\n")
+    write_atomically(args.out + ".json", json.dumps({"command": cmd, **prov, "rows": rows}, indent=1) + "\n")
     print("\n".join(out))
 
 

@@ -7,24 +7,25 @@ then compacts the cache. Per run it reports prefill seconds (including update() 
 seconds, and full vs resident KV bytes. The peer in the same run is the StreamingLLM example (no
 update() work, a trivial compress()): its prefill is the baseline the overhead is measured against.
 Each cell is the median of --repeats runs (this VM's timings vary by 20-30% from run to run).
+Prompts are the opening of the repository's prompt sets joined (bench_prompts.datasets_text()), cut
+at about --lengths tokens; compressor cost does not depend on the text.
 
 Writes results/compressors_cpu_smollm2.md (or --out). Usage, from the repository root, after
 harness/setup.sh (KVzap needs weights: `build/vericache train-kvzap --out .cache/kvzap.json`):
   python3 harness/bench/compressor_bench.py [--lengths 700,2000] [--ratio 0.25] [--repeats 3]
 """
 import argparse
-import datetime
 import json
 import os
 import statistics
 import subprocess
 import sys
 
-from results_file import check_destination, write_atomically
+from bench_prompts import datasets_text
+from results_file import check_destination, command_line, provenance, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERICACHE = os.path.join(ROOT, "build", "vericache")
-CORPUS = os.path.join(ROOT, "datasets", "tokenizer_corpus", "corpus.txt")
 BASELINE = os.path.join(ROOT, "build", "tests", "fixture_plugins", "vc_plugin_streaming_llm.so")
 
 
@@ -49,7 +50,7 @@ def main():
     check_destination(args.out)
     if not os.path.exists(args.kvzap_weights):
         sys.exit(f"{args.kvzap_weights}: missing; make it with build/vericache train-kvzap --out {args.kvzap_weights}")
-    text = open(CORPUS, encoding="utf-8").read()
+    text = open(datasets_text(), encoding="utf-8").read()
     compressors = [("streaming_llm (baseline)", BASELINE, "{}"), ("snapkv", "snapkv", "{}"),
                    ("expected_attention", "expected_attention", "{}"), ("kvzip", "kvzip", "{}"),
                    ("kvzap", "kvzap", json.dumps({"weights": args.kvzap_weights}))]
@@ -58,7 +59,7 @@ def main():
         prompt_file = os.path.join(ROOT, ".cache", f"compressor_bench_{length}.txt")
         os.makedirs(os.path.dirname(prompt_file), exist_ok=True)
         with open(prompt_file, "w", encoding="utf-8") as f:
-            f.write(text[:length * 4])  # about 4 characters per token in this corpus' opening prose
+            f.write(text[:length * 4])  # about 4 characters per token in English prose and code
         base_prefill = None
         for label, compressor, params in compressors:
             runs = [run(compressor, params, args.ratio, prompt_file, args.threads) for _ in range(args.repeats)]
@@ -70,15 +71,11 @@ def main():
             rows.append((r["prompt_tokens"], label, prefill, prefill / base_prefill, compress, compress / base_prefill,
                          r["full_kv_bytes"] / 2**20, r["resident_kv_bytes"] / 2**20))
             print(f"{r['prompt_tokens']} {label}: prefill {prefill:.3f}s compress {compress:.3f}s", file=sys.stderr)
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True).stdout.strip()
-    if dirty:
-        commit += " with uncommitted changes"
+    prov = provenance(ROOT)
     text = "# Compressor cost and savings, CPU, SmolLM2-135M-Instruct (Q4_1)\n\n"
-    text += (f"`python3 harness/bench/compressor_bench.py --lengths {args.lengths} --ratio {args.ratio} "
-             f"--repeats {args.repeats} --threads {args.threads}` at commit {commit}, "
-             f"{datetime.date.today().isoformat()}, {args.threads} threads, median of {args.repeats} runs.\n\n")
+    text += command_line("python3 harness/bench/compressor_bench.py " + " ".join(sys.argv[1:]), prov) + "\n"
+    text += (f"- machine: {prov['cpu']}, {args.threads} threads; median of {args.repeats} runs; prompts: the opening of "
+             "the prompt sets long_docs, long_code, code_tasks, function_calling joined\n\n")
     text += ("Prefill includes the compressor's update() work; `x base` is relative to the baseline's prefill "
              "(StreamingLLM: no update() work) in the same run. Resident = KV bytes held after compaction.\n\n")
     text += "| tokens | compressor | prefill s | x base | compress s | x base prefill | full KV MiB | resident MiB |\n"

@@ -34,7 +34,8 @@ import time
 
 import numpy as np
 
-from results_file import check_destination, write_atomically
+from bench_prompts import DATASET_SETS, bench_text
+from results_file import check_destination, cpu_name, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGED = os.path.join(ROOT, ".models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -42,7 +43,6 @@ F32_COPY = os.path.join(ROOT, ".cache", "SmolLM2-135M-Instruct.F32.gguf")
 # Other embedded models, packaged file only (an F32 copy of the 1.5B model would be 6 GB).
 MODELS = {"qwen2.5-coder-0.5b": ("Qwen2.5-Coder-0.5B-Instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
           "qwen2.5-coder-1.5b": ("Qwen2.5-Coder-1.5B-Instruct", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")}
-CORPUS = os.path.join(ROOT, "datasets", "tokenizer_corpus", "corpus.txt")
 VERICACHE = os.path.join(ROOT, "build", "vericache")
 
 
@@ -79,25 +79,6 @@ def make_f32_copy(src, dst):
     writer.write_tensors_to_file()
     writer.close()
     os.replace(dst + ".tmp", dst)
-
-
-DATASET_SETS = ("long_docs", "long_code", "code_tasks", "function_calling")
-DATASETS_TEXT = os.path.join(ROOT, ".cache", "bench_datasets_text.txt")
-
-
-def bench_text(which):
-    """The file prompts are cut from: the corpus, or the dataset prompts joined (written to .cache/)."""
-    if which == "corpus":
-        return CORPUS
-    parts = []
-    for name in DATASET_SETS:
-        path = os.path.join(ROOT, "datasets", name, "prompts.json")
-        if not os.path.exists(path):
-            sys.exit(f"cpu_bench.py: {path} is missing; harness/setup.sh builds it")
-        parts += [p["text"] for p in json.load(open(path, encoding="utf-8"))["prompts"]]
-    os.makedirs(os.path.dirname(DATASETS_TEXT), exist_ok=True)
-    write_atomically(DATASETS_TEXT, "\n\n".join(parts))
-    return DATASETS_TEXT
 
 
 def run_vericache(model, context, batch, decode_tokens, threads, text_file):
@@ -243,7 +224,7 @@ def main():
                 log(f"  prefill {ours['prefill_tok_s']:.1f} vs {theirs['prefill_tok_s']:.1f} tok/s, "
                     f"decode {ours['decode_tok_s']:.1f} vs {theirs['decode_tok_s']:.1f} tok/s")
 
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    cpu = cpu_name()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
             "command": "python3 harness/bench/cpu_bench.py " + " ".join(sys.argv[1:]), "cpu": cpu,
             "cores": os.cpu_count(), "threads": args.threads, "text": args.text, "dirty": dirty, "llama_cpp_python": md.version("llama_cpp_python"),

@@ -16,27 +16,15 @@ harness/setup.sh:
                                        [--draft-lengths 8,16,25] [--decode-tokens 64]
 """
 import argparse
-import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 
-from results_file import check_destination, write_atomically
+from results_file import check_destination, command_line, provenance, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERICACHE = os.path.join(ROOT, "build", "vericache")
-
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main():
@@ -64,18 +52,14 @@ def main():
     if done.returncode != 0:
         sys.exit(f"bench-engine failed with exit code {done.returncode}")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True).stdout.strip()
-    when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+    prov = provenance(ROOT)
     invocation = "python3 harness/bench/engine_bench.py " + " ".join(sys.argv[1:])
-    write_atomically(args.out + ".json", json.dumps({"command": invocation, "commit": commit, "dirty": bool(dirty),
-                                                     "date": when, "cpu": cpu_name(), "rows": rows}, indent=1) + "\n")
+    write_atomically(args.out + ".json", json.dumps({"command": invocation, **prov, "rows": rows}, indent=1) + "\n")
     lines = [
         "# VeriCache decode speed on the CPU, SmolLM2-135M-Instruct",
         "",
-        f"- command: `{invocation}` at commit `{commit}`{' (with uncommitted changes)' if dirty else ''} ({when})",
-        f"- machine: {cpu_name()}, {args.threads} threads; verification reads the full cache in place (no copy)",
+        command_line(invocation, prov),
+        f"- machine: {prov['cpu']}, {args.threads} threads; verification reads the full cache in place (no copy)",
         f"- compressor parameters: {'; '.join(args.params) or 'defaults'}",
         (f"- prompts: one per context, copied to all B requests of a batch (`--same-prompt`)" if args.same_prompt else
          f"- prompts: per context, request i of a batch takes the i-th stretch of `context` tokens of the built prompt "

@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 
-from bench_prompts import acceptance_prompts
+from bench_prompts import lossless_prompts
 from results_file import check_destination, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -51,7 +51,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "quantizers_cpu_smollm2.md"))
     args = ap.parse_args()
     check_destination(args.out)
-    cases = acceptance_prompts(args.long_prompts)
+    cases = lossless_prompts(args.long_prompts)
     extra = {}
     for name in ("rotatekv", "kvquant"):
         if name not in args.quantizers.split(","):

@@ -31,3 +31,34 @@ def write_atomically(path, text):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def cpu_name():
+    """The CPU's model name from /proc/cpuinfo (every speed number is recorded beside it)."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown CPU"
+
+
+def provenance(root):
+    """What a result was made from: {"commit", "dirty", "date", "cpu"}. `dirty` is true when tracked
+    files differ from the commit (the record then cannot be re-made from the commit alone)."""
+    import datetime
+    import subprocess
+    commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    status = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True).stdout.strip()
+    return {"commit": commit or "unknown", "dirty": bool(status),
+            "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+            "cpu": cpu_name()}
+
+
+def command_line(invocation, prov):
+    """The markdown line naming the command, its commit and whether the tree was clean."""
+    tree = "with uncommitted changes" if prov["dirty"] else "clean tree"
+    return f"- command: `{invocation}` at commit `{prov['commit']}` ({tree}, {prov['date']})"
