@@ -131,13 +131,14 @@ std::string shell_output(const std::string& command) {
 }
 
 // The checkout's commit when the test starts (the binary does not change while it runs), marked
-// when tracked files differ from it.
+// when tracked files outside results/ differ from it (results/ holds outputs, this test's own among
+// them, which lossless_matrix.sh removes before the run).
 const std::string& source_commit() {
   static const std::string commit = [] {
     const std::string git = "git -C '" + testing::source_path("") + "' ";
     std::string c = shell_output(git + "rev-parse --short HEAD 2>/dev/null");
     if (c.empty()) return std::string("unknown");
-    if (!shell_output(git + "status --porcelain --untracked-files=no 2>/dev/null").empty()) c += " (with uncommitted changes)";
+    if (!shell_output(git + "status --porcelain --untracked-files=no -- . ':!results' 2>/dev/null").empty()) c += " (with uncommitted changes)";
     return c;
   }();
   return commit;

@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from bench_prompts import DATASET_SETS, bench_text
-from results_file import check_destination, cpu_name, write_atomically
+from results_file import check_destination, cpu_name, provenance, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGED = os.path.join(ROOT, ".models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -204,9 +204,8 @@ def main():
         files = (("Q4_K_M (packaged)", os.path.join(ROOT, ".models", name), 1),)
     text_file = bench_text(args.text)
     text = open(text_file, encoding="utf-8", newline="").read()
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip() != ""
+    prov = provenance(ROOT)  # read before the run: the binary and sources measured are those of now
+    commit, dirty = prov["commit"], prov["dirty"]
     rows = []
     for label, path, kv_type in files:
         peer = LlamaCpp(path, args.threads)

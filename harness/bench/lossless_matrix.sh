@@ -12,7 +12,7 @@
 # timings (the counts do not depend on timing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-if [[ "${1:-}" != "--dirty" ]] && [[ -n "$(git status --porcelain --untracked-files=no)" ]]; then
+if [[ "${1:-}" != "--dirty" ]] && [[ -n "$(git status --porcelain --untracked-files=no -- . ':!results')" ]]; then
   echo "lossless_matrix.sh: the tree has uncommitted changes; commit them, or pass --dirty" >&2
   exit 2
 fi

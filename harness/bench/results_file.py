@@ -47,11 +47,12 @@ def cpu_name():
 
 def provenance(root):
     """What a result was made from: {"commit", "dirty", "date", "cpu"}. `dirty` is true when tracked
-    files differ from the commit (the record then cannot be re-made from the commit alone)."""
+    files outside results/ differ from the commit (the record then cannot be re-made from the commit
+    alone); results/ holds outputs, which other runs may be rewriting at the same time."""
     import datetime
     import subprocess
     commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    status = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+    status = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"],
                             capture_output=True, text=True).stdout.strip()
     return {"commit": commit or "unknown", "dirty": bool(status),
             "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
