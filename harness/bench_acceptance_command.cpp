@@ -23,6 +23,7 @@
 #include "engine/compression.h"
 #include "engine/compression_divergence.h"
 #include "engine/draft_verify_engine.h"
+#include "engine/engine_pools.h"
 #include "engine/sampler.h"
 #include "util/thread_pool.h"
 
@@ -292,12 +293,9 @@ int run_bench_acceptance(int argc, char** argv) {
         request.prompt = prompt;
         request.max_new_tokens = decode_tokens;
         request.ignore_eos = true;
-        const auto need = DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, request);
-        auto device_pool = m.make_page_pool(page_size, need.device);
-        auto host_pool = m.make_page_pool(page_size, need.host);
-        if (!device_pool.ok() || !host_pool.ok())
-          return report_error(device_pool.ok() ? host_pool.status() : device_pool.status());
-        DraftVerifyEngine engine(m, *device_pool, *host_pool, options);
+        auto pools = make_engine_pools(m, options, page_size, std::span(&request, 1));
+        if (!pools.ok()) return report_error(pools.status());
+        DraftVerifyEngine engine(m, pools->device, pools->host, options);
         // The engine's first request gets id 0, the id prefill_observed reported the prompt under: what
         // a compressor recorded at prefill (RotateKV's sink tokens) is found under the engine's id.
         auto id = engine.add_prefilled(request, base, *base_pool, next_logits, kept.kept);

@@ -20,6 +20,7 @@
 #include "commands.h"
 #include "engine/compression.h"
 #include "engine/draft_verify_engine.h"
+#include "engine/engine_pools.h"
 #include "util/thread_pool.h"
 
 namespace po = boost::program_options;
@@ -162,12 +163,9 @@ int run_bench_engine(int argc, char** argv) {
           request.prompt = prompts[0];  // every prompt has `context` tokens: one request sizes them all
           request.max_new_tokens = decode_tokens;
           request.ignore_eos = true;
-          const auto need = DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, request);
-          auto device_pool = m.make_page_pool(page_size, batch * need.device);
-          auto host_pool = m.make_page_pool(page_size, batch * need.host);
-          if (!device_pool.ok() || !host_pool.ok())
-            return report_error(device_pool.ok() ? host_pool.status() : device_pool.status());
-          DraftVerifyEngine engine(m, *device_pool, *host_pool, options);
+          auto pools = make_engine_pools(m, options, page_size, std::vector<GenerationRequest>(batch, request));
+          if (!pools.ok()) return report_error(pools.status());
+          DraftVerifyEngine engine(m, pools->device, pools->host, options);
           for (int64_t i = 0; i < batch; ++i) {
             const int64_t p = i % prompt_count;
             request.prompt = prompts[p];

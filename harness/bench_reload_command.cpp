@@ -41,6 +41,7 @@
 #include "commands.h"
 #include "engine/compression.h"
 #include "engine/draft_verify_engine.h"
+#include "engine/engine_pools.h"
 #include "sim/forward_cost_fit.h"
 #include "sim/simulator.h"
 #include "sim/throughput_model.h"
@@ -315,11 +316,11 @@ int run_bench_reload(int argc, char** argv) {
     options.ratio = ratio;
     options.draft_length = draft_length;
     options.sink = sink;
-    const auto need = DraftVerifyEngine::pages_for_request(m, options, page_size, page_size, requests[0]);
-    VC_ASSIGN_OR_RETURN(PagePool device, PagePool::create(m.kv_page_spec(page_size),
-                                                          PagePoolOptions{batch * need.device, transient_pages,
-                                                                          at::kFloat, at::kCPU, false}));
-    VC_ASSIGN_OR_RETURN(PagePool host, m.make_page_pool(page_size, batch * need.host));
+    VC_ASSIGN_OR_RETURN(EnginePools pools,
+                        make_engine_pools(m, options, page_size, std::vector<GenerationRequest>(batch, requests[0]),
+                                          PoolOverrides{0, transient_pages, 0}));
+    PagePool& device = pools.device;
+    PagePool& host = pools.host;
     // Device memory is resident; fresh host memory is not: touch every page now, or the first copy
     // into each page pays its page faults (several times the copy itself) inside the timed run.
     device.k_pages().zero_();

@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "decoding_options.h"
 #include "engine/draft_verify_engine.h"
+#include "engine/engine_pools.h"
 #include "engine/full_kv_comparison.h"
 #include "engine/generator.h"
 #include "util/printable.h"
@@ -239,19 +240,14 @@ int run_run(int argc, char** argv) {
     transfer = std::make_unique<TransferEngine>(TransferOptions{o.link_gbps * 1e9});
     options.transfer = transfer.get();
   }
-  const auto all = DraftVerifyEngine::pages_for_requests(m, options, o.page_size, o.page_size, requests);
-  PagePoolOptions device_options{o.resident_pages > 0 ? o.resident_pages : all.device,
-                                 o.transient_pages > 0 ? o.transient_pages : all.transient, m.dtype(), m.device(),
-                                 false};
-  auto device_pool = PagePool::create(m.kv_page_spec(o.page_size), device_options);
-  if (!device_pool.ok()) return report_error(device_pool.status());
-  auto host_pool = m.make_page_pool(o.page_size, o.host_pages > 0 ? o.host_pages : all.host);
-  if (!host_pool.ok()) return report_error(host_pool.status());
+  auto pools = make_engine_pools(m, options, o.page_size, requests,
+                                 PoolOverrides{o.resident_pages, o.transient_pages, o.host_pages});
+  if (!pools.ok()) return report_error(pools.status());
 
   ProgressLine progress(o.progress || (!o.json && isatty(STDERR_FILENO)));
   PrefillTimer timer(progress);
   options.sink = &timer;
-  DraftVerifyEngine engine(m, *device_pool, *host_pool, options);
+  DraftVerifyEngine engine(m, pools->device, pools->host, options);
   for (const GenerationRequest& r : requests) {
     auto id = engine.add_request(r);
     if (!id.ok()) return report_error(id.status());

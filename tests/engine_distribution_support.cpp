@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "compression_support.h"
+#include "engine/engine_pools.h"
 #include "test_support.h"
 
 namespace vericache::testing {
@@ -192,15 +193,13 @@ std::vector<SamplingResult> EngineSamplingCheck::run(const SamplingCompressor& c
   std::map<double, Observed> observed;
   // Pools for one batch (every request has the same prompt), reused by every batch.
   const size_t largest = std::min(all.size(), static_cast<size_t>(kEngineBatch));
-  const auto need = DraftVerifyEngine::pages_for_requests(m, options, 16, 16, std::span(all).first(largest));
-  auto device = m.make_page_pool(16, need.device);
-  auto host = m.make_page_pool(16, need.host);
-  EXPECT_TRUE(device.ok() && host.ok());
-  if (!device.ok() || !host.ok()) return results;
+  auto pools = make_engine_pools(m, options, 16, std::span(all).first(largest));
+  EXPECT_TRUE(pools.ok()) << pools.status().message();
+  if (!pools.ok()) return results;
   for (size_t begin = 0; begin < all.size(); begin += kEngineBatch) {
     const std::vector<GenerationRequest> batch(all.begin() + static_cast<std::ptrdiff_t>(begin),
                                                all.begin() + static_cast<std::ptrdiff_t>(std::min(all.size(), begin + kEngineBatch)));
-    DraftVerifyEngine engine(m, *device, *host, options);
+    DraftVerifyEngine engine(m, pools->device, pools->host, options);
     for (const GenerationRequest& r : batch) EXPECT_TRUE(engine.add_prefilled(r, p.kv, *p.pool, p.next_logits, kept).ok());
     const Status s = engine.run();
     EXPECT_TRUE(s.ok()) << s.message();

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "compression_support.h"
+#include "engine/engine_pools.h"
 #include "test_support.h"
 
 namespace vericache::testing {
@@ -22,13 +23,12 @@ std::vector<GenerationResult> full_kv(const LlamaModel& m, const std::vector<Gen
 
 EngineRun run_engine(const LlamaModel& m, const EngineOptions& options, const std::vector<GenerationRequest>& requests,
                      int64_t device_pages, int64_t host_pages) {
-  const auto all = DraftVerifyEngine::pages_for_requests(m, options, 16, 16, requests);
-  auto device = m.make_page_pool(16, device_pages > 0 ? device_pages : all.device);
-  auto host = m.make_page_pool(16, host_pages > 0 ? host_pages : all.host);
-  EXPECT_TRUE(device.ok() && host.ok());
+  auto pools = make_engine_pools(m, options, 16, requests, PoolOverrides{device_pages, 0, host_pages});
+  EXPECT_TRUE(pools.ok()) << pools.status().message();
+  if (!pools.ok()) return {};
   EngineRun run;
   {
-    DraftVerifyEngine engine(m, *device, *host, options);
+    DraftVerifyEngine engine(m, pools->device, pools->host, options);
     for (const auto& r : requests) EXPECT_TRUE(engine.add_request(r).ok());
     while (!engine.idle()) {
       const Status s = engine.step();
@@ -42,8 +42,8 @@ EngineRun run_engine(const LlamaModel& m, const EngineOptions& options, const st
   }
   std::sort(run.results.begin(), run.results.end(),
             [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
-  EXPECT_EQ(device->num_free(), device->num_pages()) << "pages leaked";
-  EXPECT_EQ(host->num_free(), host->num_pages()) << "pages leaked";
+  EXPECT_EQ(pools->device.num_free(), pools->device.num_pages()) << "pages leaked";
+  EXPECT_EQ(pools->host.num_free(), pools->host.num_pages()) << "pages leaked";
   return run;
 }
 

@@ -38,6 +38,7 @@
 #include "compression_support.h"
 #include "engine/compression.h"
 #include "engine/draft_verify_engine.h"
+#include "engine/engine_pools.h"
 #include "engine/generator.h"
 #include "test_support.h"
 
@@ -72,11 +73,9 @@ DraftKv draft_kv_for(size_t ratio_index, size_t x_index) {
 void run_case(const LlamaModel& m, const EngineOptions& options, const std::vector<GenerationRequest>& requests,
               const std::vector<const Prefilled*>& prefilled, const PagePool* prefill_pool, size_t ratio_index,
               const std::vector<GenerationResult>& reference, CaseResult* out) {
-  const auto need = DraftVerifyEngine::pages_for_requests(m, options, 16, 16, requests);
-  auto device = m.make_page_pool(16, need.device);
-  auto host = m.make_page_pool(16, need.host);
-  ASSERT_TRUE(device.ok() && host.ok());
-  DraftVerifyEngine engine(m, *device, *host, options);
+  auto pools = make_engine_pools(m, options, 16, requests);
+  ASSERT_TRUE(pools.ok()) << pools.status().message();
+  DraftVerifyEngine engine(m, pools->device, pools->host, options);
   for (size_t i = 0; i < requests.size(); ++i) {
     if (prefilled.empty()) {
       ASSERT_TRUE(engine.add_request(requests[i]).ok());

@@ -23,17 +23,26 @@ LayerObserver compression_observer(Compressor& compressor, std::span<const doubl
   };
 }
 
-Status apply_drops(const std::string& compressor, PagePool& pool, std::span<SequenceKv* const> caches,
+Status apply_drops(const std::string& compressor, PagePool& pool, const std::function<SequenceKv*(int64_t)>& cache_of,
                    const std::vector<LayerDrops>& drops) {
   for (const LayerDrops& d : drops) {
-    if (d.request_id < 0 || d.request_id >= static_cast<int64_t>(caches.size()) || caches[d.request_id] == nullptr) {
+    SequenceKv* cache = cache_of(d.request_id);
+    if (cache == nullptr) {
       return Status::invalid_argument(compressor + ": drops for unknown request " + std::to_string(d.request_id));
     }
-    if (Status s = caches[d.request_id]->drop(pool, d.layer, d.positions); !s.ok()) {
+    if (Status s = cache->drop(pool, d.layer, d.positions); !s.ok()) {
       return Status::invalid_argument(compressor + ": " + s.message());
     }
   }
   return Status();
+}
+
+Status apply_drops(const std::string& compressor, PagePool& pool, std::span<SequenceKv* const> caches,
+                   const std::vector<LayerDrops>& drops) {
+  return apply_drops(
+      compressor, pool,
+      [caches](int64_t id) { return id >= 0 && id < static_cast<int64_t>(caches.size()) ? caches[id] : nullptr; },
+      drops);
 }
 
 Status forward_with_compressor(const LlamaModel& model, std::span<const ForwardItem> batch, PagePool& pool,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -21,8 +22,12 @@ namespace vericache {
 // request's kept fraction (`ratios`, indexed like the forward's batch), and collects its drops.
 LayerObserver compression_observer(Compressor& compressor, std::span<const double> ratios, std::vector<LayerDrops>* drops);
 
-// Applies `drops` to the caches; `caches[request_id]` is the cache of that request. A drop for an
-// unknown request or of a position not kept is InvalidArgument naming the compressor.
+// Applies `drops` to the caches, in order; `cache_of(request_id)` is that request's cache, or
+// nullptr for a request the caller does not run. A drop for an unknown request or of a position not
+// kept is InvalidArgument naming the compressor; the drops before it stay applied.
+Status apply_drops(const std::string& compressor, PagePool& pool, const std::function<SequenceKv*(int64_t)>& cache_of,
+                   const std::vector<LayerDrops>& drops);
+// The same with `caches[request_id]` the cache of that request.
 Status apply_drops(const std::string& compressor, PagePool& pool, std::span<SequenceKv* const> caches,
                    const std::vector<LayerDrops>& drops);
 

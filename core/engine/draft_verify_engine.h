@@ -47,6 +47,11 @@
 // bitwise the logits one-token decoding computes. Sampled output has exactly the full-KV
 // distribution (per-request seeded generators: the same seed gives the same output).
 //
+// Parts (core/engine/): engine_request.h (a request's state and phase), admission.cpp (page demand,
+// queueing, admission), drafting.h (a draft from a lossy row), window_verdict.h (the verdict on a
+// window and the caches rolled to it), compressor_feed.h (what a compressor sees and its drops),
+// engine_pools.h (pools sized for a set of requests); this file's .cpp is the step loop itself.
+//
 // Ownership: borrows the model, the pools, the compressor, the transfer engine, the clock and the
 // sink; every page a request takes is returned when it finishes (and by the destructor).
 // Thread-safety: one thread drives an engine; the pools must not be used by anything else meanwhile.
@@ -75,6 +80,8 @@
 #include "sched/reload_scheduler.h"
 
 namespace vericache {
+
+struct EngineRequest;  // engine/engine_request.h
 
 // Which K/V the accepted tokens keep in KV_comp after a verify window.
 enum class DraftKv {
@@ -170,33 +177,32 @@ class DraftVerifyEngine {
                                        int64_t host_page_size, std::span<const GenerationRequest> requests);
 
  private:
-  struct Request;
-  PageDemand worst_case(const Request& r) const;
+  PageDemand worst_case(const EngineRequest& r) const;
   // Copies a prefilled request's prompt KV into its host cache and finishes its prefill.
-  void start_prefilled(Request& r);
+  void start_prefilled(EngineRequest& r);
   // Transfer mode: queues the copy of r's KV_full into transient pages when none is queued.
-  void start_transfer(Request& r);
-  Status run_forward(std::vector<Request*>& members, double stall_seconds);
-  void finish_prefill(Request& r, const float* logits);
-  Status build_compressed(Request& r);
-  void commit_window(Request& r, const float* rows);
+  void start_transfer(EngineRequest& r);
+  Status run_forward(std::vector<EngineRequest*>& members, double stall_seconds);
+  void finish_prefill(EngineRequest& r, const float* logits);
+  Status build_compressed(EngineRequest& r);
+  void commit_window(EngineRequest& r, const float* rows);
   // Appends a committed token to the output (the token that would be fed at `position`) unless it
   // ends the request: Generator's stop, length and context rules, in its order.
-  void commit_token(Request& r, int32_t token, int64_t position);
-  void fall_back_to_full(Request& r, const Status& why);
-  int64_t window_for(const Request& r) const;
+  void commit_token(EngineRequest& r, int32_t token, int64_t position);
+  void fall_back_to_full(EngineRequest& r, const Status& why);
+  int64_t window_for(const EngineRequest& r) const;
   // The most drafts one window may take: x, or with a scheduler its window - 2.
   static int64_t max_window(const EngineOptions& options);
   // Scheduler: places r's next reload and verify (after prefill and after each verify).
-  void schedule(Request& r);
+  void schedule(EngineRequest& r);
   // Scheduler: this iteration's events (copies to start, verifies due).
   void apply_schedule();
   // Releases a done request's pages and compressor state and moves its result to the finished list.
-  void finish(Request& r);
+  void finish(EngineRequest& r);
   // Returns KV_comp's float and packed pages.
-  void release_comp(Request& r);
+  void release_comp(EngineRequest& r);
   // A quantizer packs KV_comp's committed float slots in whole blocks (pack_front).
-  Status pack_comp(Request& r);
+  Status pack_comp(EngineRequest& r);
   bool quantizer() const { return packed_pool_.has_value(); }
 
   const LlamaModel& model_;
@@ -206,8 +212,8 @@ class DraftVerifyEngine {
   SteadyClock steady_clock_;
   const Clock* clock_;
   int64_t next_id_ = 0;
-  std::vector<std::unique_ptr<Request>> queue_;
-  std::vector<std::unique_ptr<Request>> active_;
+  std::vector<std::unique_ptr<EngineRequest>> queue_;
+  std::vector<std::unique_ptr<EngineRequest>> active_;
   std::vector<EngineResult> finished_;
   RequestMetrics totals_;
   Status scheduler_status_;  // the first placement the scheduler refused

@@ -30,4 +30,18 @@ void RequestMetrics::add(const RequestMetrics& o) {
   resident_kv_bytes += o.resident_kv_bytes;
 }
 
+void RequestMetrics::add_window(int64_t drafted, int64_t accepted) {
+  ++verify_windows;
+  if (drafted == 0) return;
+  ++drafts;
+  draft_tokens += drafted;
+  accepted_tokens += accepted;
+  if (static_cast<int64_t>(drafted_per_position.size()) < drafted) {
+    drafted_per_position.resize(drafted, 0);
+    accepted_per_position.resize(drafted, 0);
+  }
+  for (int64_t i = 0; i < drafted; ++i) ++drafted_per_position[i];
+  for (int64_t i = 0; i < accepted; ++i) ++accepted_per_position[i];
+}
+
 }  // namespace vericache

@@ -47,6 +47,9 @@ struct RequestMetrics {
   }
   // Adds every counter and time of `other` (per-position vectors element-wise).
   void add(const RequestMetrics& other);
+  // Counts one verify window of `drafted` tokens of which the first `accepted` were accepted (a
+  // window of 0 drafts counts as a verify window only).
+  void add_window(int64_t drafted, int64_t accepted);
 };
 
 // One engine step: one batched forward.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/engine_pools.h"
+
 namespace vericache {
 
 OutputDiff diff_tokens(std::span<const int32_t> got, std::span<const int32_t> want) {
@@ -35,12 +37,10 @@ Result<FullKvComparison> compare_with_full_kv(const LlamaModel& model, const Eng
     return Status::invalid_argument("compare_with_full_kv: " + std::to_string(reference.size()) + " references for " +
                                     std::to_string(requests.size()) + " requests");
   }
-  const auto pages = DraftVerifyEngine::pages_for_requests(model, options, page_size, page_size, requests);
-  VC_ASSIGN_OR_RETURN(PagePool device, model.make_page_pool(page_size, pages.device));
-  VC_ASSIGN_OR_RETURN(PagePool host, model.make_page_pool(page_size, pages.host));
+  VC_ASSIGN_OR_RETURN(EnginePools pools, make_engine_pools(model, options, page_size, requests));
   FullKvComparison out;
   {
-    DraftVerifyEngine engine(model, device, host, options);
+    DraftVerifyEngine engine(model, pools.device, pools.host, options);
     for (const GenerationRequest& r : requests) VC_RETURN_IF_ERROR(engine.add_request(r).status());
     VC_RETURN_IF_ERROR(engine.run());
     out.results = engine.take_finished();
