@@ -46,6 +46,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "acceptance_cpu_smollm2.md"))
     args = ap.parse_args()
     check_destination(args.out)
+    prov = provenance(ROOT)  # before the run: what is measured is the tree of now
     if not os.path.exists(args.kvzap_weights):
         os.makedirs(os.path.dirname(args.kvzap_weights), exist_ok=True)
         subprocess.run([VERICACHE, "train-kvzap", "--out", args.kvzap_weights], check=True)
@@ -84,7 +85,6 @@ def main():
             print(f"[acceptance] {name} T = 0.7 {mode} drafts", file=sys.stderr)
             table3.append((name, mode, over_prompts(["--compressor", name, "-c", args.ratio, "-x", "16", "-t", "0.7",
                                                       "--seed", "1", "--draft-sampling", mode])))
-    prov = provenance(ROOT)
     names = ", ".join(n for n, _, _ in prompts)
     out = ["# Draft acceptance per compressor, SmolLM2-135M-Instruct on the CPU", "",
            command_line("python3 harness/bench/acceptance_bench.py " + " ".join(sys.argv[1:]), prov),

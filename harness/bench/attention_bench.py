@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "attention_8k_cpu_smollm2"))
     args = ap.parse_args()
     check_destination(args.out + ".md")
+    prov = provenance(ROOT)  # before the run: what is measured is the tree of now
     quantizers = args.quantizer or ['kivi={"bits": 4}', 'kivi={"bits": 2}']
     cmd = [VERICACHE, "bench-attention", "--json", "--context", args.context, "--batch", args.batch, "--steps",
            args.steps, "--threads", args.threads, "--text-file", bench_text(args.text)]
@@ -50,7 +51,6 @@ def main():
     if done.returncode != 0:
         sys.exit(f"bench-attention failed (exit {done.returncode})")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    prov = provenance(ROOT)
     out = [f"# A decode step at {args.context} tokens, batch {args.batch}: float32 against quantized caches (CPU)", "",
            command_line("python3 harness/bench/attention_bench.py " + " ".join(sys.argv[1:]), prov),
            f"- machine: {prov['cpu']}, {args.threads} threads, kernels {rows[0]['kernels'] if rows else '?'}; "

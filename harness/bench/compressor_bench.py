@@ -48,6 +48,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "compressors_cpu_smollm2.md"))
     args = ap.parse_args()
     check_destination(args.out)
+    prov = provenance(ROOT, ("vericache", "vc_bundled_plugins", "vc_plugin_streaming_llm"))  # before the run
     if not os.path.exists(args.kvzap_weights):
         sys.exit(f"{args.kvzap_weights}: missing; make it with build/vericache train-kvzap --out {args.kvzap_weights}")
     text = open(datasets_text(), encoding="utf-8").read()
@@ -71,7 +72,6 @@ def main():
             rows.append((r["prompt_tokens"], label, prefill, prefill / base_prefill, compress, compress / base_prefill,
                          r["full_kv_bytes"] / 2**20, r["resident_kv_bytes"] / 2**20))
             print(f"{r['prompt_tokens']} {label}: prefill {prefill:.3f}s compress {compress:.3f}s", file=sys.stderr)
-    prov = provenance(ROOT)
     text = "# Compressor cost and savings, CPU, SmolLM2-135M-Instruct (Q4_1)\n\n"
     text += command_line("python3 harness/bench/compressor_bench.py " + " ".join(sys.argv[1:]), prov) + "\n"
     text += (f"- machine: {prov['cpu']}, {args.threads} threads; median of {args.repeats} runs; prompts: the opening of "

@@ -42,6 +42,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "engine_cpu_smollm2"))
     args = ap.parse_args()
     check_destination(args.out + ".md")
+    prov = provenance(ROOT)  # before the run: what is measured is the tree of now
     cmd = [VERICACHE, "bench-engine", "--json", "--contexts", args.contexts, "--batches", args.batches,
            "--compressors", args.compressors, "--ratio", args.ratio, "--draft-lengths", args.draft_lengths,
            "--decode-tokens", args.decode_tokens, "--threads", args.threads] + (["--same-prompt"] if args.same_prompt else [])
@@ -52,7 +53,6 @@ def main():
     if done.returncode != 0:
         sys.exit(f"bench-engine failed with exit code {done.returncode}")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-    prov = provenance(ROOT)
     invocation = "python3 harness/bench/engine_bench.py " + " ".join(sys.argv[1:])
     write_atomically(args.out + ".json", json.dumps({"command": invocation, **prov, "rows": rows}, indent=1) + "\n")
     lines = [

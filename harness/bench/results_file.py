@@ -45,12 +45,20 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
-def provenance(root):
+def provenance(root, targets=("vericache", "vc_bundled_plugins")):
     """What a result was made from: {"commit", "dirty", "date", "cpu"}. `dirty` is true when tracked
     files outside results/ differ from the commit (the record then cannot be re-made from the commit
-    alone); results/ holds outputs, which other runs may be rewriting at the same time."""
+    alone); results/ holds outputs, which other runs may be rewriting at the same time. First brings
+    `targets` in build/ up to date with the tree (a no-op when they are), so that the binaries
+    measured are the tree's; exits naming the target when that build fails."""
     import datetime
     import subprocess
+    for target in targets:
+        built = subprocess.run(["cmake", "--build", os.path.join(root, "build"), "--target", target],
+                               capture_output=True, text=True)
+        if built.returncode != 0:
+            sys.exit(f"building {target} in build/ failed; the benchmark would measure a stale binary:\n"
+                     + (built.stdout + built.stderr)[-2000:])
     commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     status = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"],
                             capture_output=True, text=True).stdout.strip()
