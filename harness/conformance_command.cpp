@@ -70,7 +70,7 @@ int run_conformance(int argc, char** argv) {
   int threads = 0;
   po::options_description desc(
       "vericache conformance: check a compressor plugin against the contract, rule by rule, on the real model\n\n"
-      "Rules: runs, kept-set, positions, budget, protected, rollback, resident-pages (token dropping);\n"
+      "Rules: runs, kept-set, positions, budget, footprint, protected, rollback, resident-pages (token dropping);\n"
       "packed-format, resident-pages, round-trip (quantizers); determinism, release, lossless (both).\n"
       "The plugin's promises (protected tokens, budget rule, parameters) come from its spec,\n"
       "vc_plugin_<name>.conformance.json beside the .so. Exit status 0: conforms; 1: a rule is broken.\n\nOptions");

@@ -16,6 +16,7 @@
 #include "decoding_options.h"
 #include "engine/draft_verify_engine.h"
 #include "engine/engine_pools.h"
+#include "util/system_memory.h"
 #include "engine/full_kv_comparison.h"
 #include "engine/generator.h"
 #include "util/printable.h"
@@ -35,6 +36,7 @@ struct RunOptions : DecodingOptions {
   std::string draft_sampling = "sampled";
   int64_t resident_pages = 0;
   int64_t host_pages = 0;
+  double state_memory_mb = -1;  // -1: half the machine's memory; 0: no bound
   std::string verify = "in-place";
   double link_gbps = 0;
   int64_t transient_pages = 0;
@@ -65,6 +67,9 @@ po::options_description describe(RunOptions& o) {
     ("resident-pages", po::value(&o.resident_pages)->default_value(0),
      "resident pages for compressed caches; 0: enough for every request at once (fewer: requests wait)")
     ("host-pages", po::value(&o.host_pages)->default_value(0), "host-store pages for full caches; 0: enough for every request at once")
+    ("state-memory-mb", po::value(&o.state_memory_mb)->default_value(-1),
+     "MB the compressor's per-request state may take at once (ExpectedAttention: ~80 MB per request on SmolLM2 "
+     "until its compress()); requests past it wait. -1: half the machine's memory; 0: no bound")
     ("verify", po::value(&o.verify)->default_value("in-place"),
      "in-place: verify reads the full cache in the host store; transfer: the transfer engine copies it into "
      "transient device pages while the request drafts, and verification reads the copy")
@@ -196,6 +201,7 @@ int run_run(int argc, char** argv) {
                                {"draft-length", 1, 256},
                                {"resident-pages", 0, 1LL << 31},
                                {"host-pages", 0, 1LL << 31},
+                               {"state-memory-mb", -1, 1e9},
                                {"transient-pages", 0, 1LL << 31},
                                {"link-gbps", 0, 1e6}});
   if (auto done = parse_command_line("run", desc, examples, argc, argv, &vm, ranges)) return *done;
@@ -226,6 +232,8 @@ int run_run(int argc, char** argv) {
   options.compressor = compressor.get();
   options.ratio = o.ratio;
   options.prefill_chunk = o.prefill_chunk;
+  options.state_budget_bytes = static_cast<int64_t>(o.state_memory_mb < 0 ? physical_memory_bytes() / 2
+                                                                          : o.state_memory_mb * 1e6);
   options.draft_kv = o.draft_kv == "drafted" ? DraftKv::kDrafted : DraftKv::kVerified;
   options.draft_sampling = o.draft_sampling == "argmax" ? DraftSampling::kArgmax : DraftSampling::kSampled;
   // Test-only: a fault made on purpose so tests can see --check fail (engine/test_faults.h); never an option.

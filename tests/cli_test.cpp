@@ -261,7 +261,7 @@ TEST(Cli, PluginsListsDescriptorsAndRefusals) {
     if (it == expected.end()) continue;
     EXPECT_EQ(p["family"], it->second.first) << it->first;
     EXPECT_EQ(p["mode"], it->second.second) << it->first;
-    EXPECT_EQ(p["abi_version"], 6);
+    EXPECT_EQ(p["abi_version"], 7);
     expected.erase(it);
   }
   EXPECT_TRUE(expected.empty()) << expected.begin()->first << " not listed: " << r.out;
@@ -447,7 +447,7 @@ TEST(Cli, ConformanceReportsTheBrokenRule) {
                             "not kept\n"),
             std::string::npos)
       << broken.out;
-  EXPECT_TRUE(broken.out.ends_with("\n8 of 9 checks passed: BROKEN: protected\n")) << broken.out;
+  EXPECT_TRUE(broken.out.ends_with("\n9 of 10 checks passed: BROKEN: protected\n")) << broken.out;
 
   const CliRun fine = run_vericache("conformance --compressor " + plugin + " --ratios 0.5 --json");
   ASSERT_EQ(fine.exit_code, 0) << fine.err;
@@ -695,6 +695,14 @@ TEST(Cli, RunRejectsBadOptionsWithOneLine) {
   const CliRun plugin = run_vericache("run -p hi --compressor no_such_plugin");
   EXPECT_EQ(plugin.exit_code, 1);
   EXPECT_EQ(plugin.err.rfind("vericache: error: ", 0), 0u) << plugin.err;
+  // The compressor's own state counts against --state-memory-mb (Compressor::footprint):
+  // ExpectedAttention's moments, 30 layers x (576 + 576^2) float64 = 79,764,480 bytes on SmolLM2.
+  const CliRun state = run_vericache("run -p hi --compressor expected_attention --state-memory-mb 1");
+  EXPECT_EQ(state.exit_code, 1);
+  EXPECT_NE(state.err.find("request 0 can never fit: expected_attention holds 79764480 bytes of state for it "
+                           "(budget: 1000000 bytes)"),
+            std::string::npos)
+      << state.err;
   const CliRun help = run_vericache("run --help");
   EXPECT_EQ(help.exit_code, 0);
   for (const char* option : {"--check", "--compressor", "--ratio", "--draft-length", "--draft-kv", "--draft-sampling",

@@ -150,6 +150,7 @@ TEST(Conformance, TheReportNamesTheBrokenRuleAndWhere) {
       {"writes_cache", "rollback", "layer 4, head 2, position 9: compress() changed the full cache's keys"},
       {"per_instance", "determinism", "a second instance keeps a different set (slot 4)"},
       {"leaks_state", "release", "layer 2, head 0, position 484: after release(), the same request keeps a different set (slot 4)"},
+      {"under_declares", "footprint", "kept 4800 slots (summed over 30 layers), footprint() declared at most 4799"},
   };
   for (const auto& c : cases) {
     const ConformanceReport report = run_kit(*m, path, std::string(R"({"flaw": ")") + c.flaw + "\"}", spec);

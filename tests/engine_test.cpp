@@ -24,6 +24,7 @@
 #include "statistics_support.h"
 
 #include "engine/draft_verify_engine.h"
+#include "engine/engine_pools.h"
 #include "engine/generator.h"
 #include "loader/plugin_loader.h"
 #include "test_support.h"
@@ -322,6 +323,50 @@ TEST(Engine, SmallPoolMakesRequestsWaitNotFail) {
                 " host pages (pool: 100)");
   GenerationRequest empty;
   EXPECT_EQ(engine.add_request(empty).status().message(), "request 0: the prompt is empty");
+}
+
+// Admission by the compressed cache (issue 30): at a fixed device budget that holds two full-KV
+// requests, SnapKV at c = 0.25 admits six at once. The numbers, SmolLM2 (30 layers), pages of 16
+// slots, prompts of 400 tokens, 16 new tokens, x = 4: a full cache needs 30 * ceil(416 / 16) = 780
+// pages (Generator::pages_needed), so the budget is 1,560 pages; SnapKV's kept set is 30 * 100 slots,
+// reserved with 16 + 4 slots of growth and a partly filled last page per layer:
+// (3,000 + 30 * (20 + 15)) / 16 = 253 pages, and 1,560 / 253 = 6 requests (3x, >= floor(1/c) - 1).
+// Without a compressor (KV_comp a full copy) the same pool admits one. All eight requests then run
+// to the end without an allocation failing, token-identical to full-KV decoding.
+TEST(Engine, AdmitsByTheCompressedCacheNotTheFullOne) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    GenerationRequest r = request_for(long_prompt(i), 16);
+    r.prompt.resize(400);
+    requests.push_back(std::move(r));
+  }
+  const int64_t full_kv_pages = Generator::pages_needed(*m, 16, std::span(requests).first(1));
+  ASSERT_EQ(full_kv_pages, 780);
+  const int64_t budget = 2 * full_kv_pages;
+  auto snapkv = plugin("snapkv");
+  EngineOptions options;
+  options.compressor = snapkv.get();
+  options.draft_length = 4;
+  EXPECT_EQ(DraftVerifyEngine::pages_for_request(*m, options, 16, 16, requests[0]).device, 253);
+  const auto host_pages = DraftVerifyEngine::pages_for_requests(*m, options, 16, 16, requests).host;
+  auto admitted_at_once = [&](Compressor* c) {
+    EngineOptions o = options;
+    o.compressor = c;
+    auto pools = make_engine_pools(*m, o, 16, requests, PoolOverrides{budget, 0, host_pages});
+    EXPECT_TRUE(pools.ok());
+    DraftVerifyEngine engine(*m, pools->device, pools->host, o);
+    for (const GenerationRequest& r : requests) EXPECT_TRUE(engine.add_request(r).ok());
+    engine.admit();
+    return engine.active();
+  };
+  EXPECT_EQ(admitted_at_once(snapkv.get()), 6);
+  EXPECT_EQ(admitted_at_once(nullptr), 1);
+  const EngineRun run = run_engine(*m, options, requests, budget, host_pages);
+  EXPECT_EQ(run.max_queued, 2);
+  expect_identical(run, full_kv(*m, requests), "snapkv at a fixed device budget");
+  for (const EngineResult& r : run.results) EXPECT_EQ(r.compressor_failure, "");
 }
 
 // KVzap drops tokens after every verify window while drafts are rolled back and requests join

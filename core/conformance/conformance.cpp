@@ -269,6 +269,19 @@ DroppingRun run_dropping(const LlamaModel& model, Compressor& compressor, const 
   return run;
 }
 
+// The kept set's slots (summed over layers, per KV head) against the bound the compressor declared
+// for this prompt and c (admission reserves that bound); "" when within it.
+std::string footprint_offence(Compressor& compressor, const KeptSet& kept, int64_t n, double c, int64_t layers) {
+  Result<RequestFootprint> f = compressor.footprint(n, c, layers);
+  if (!f.ok()) return "footprint() failed: " + f.status().message();
+  if (f->state_bytes < 0) return "footprint() declared " + std::to_string(f->state_bytes) + " bytes of state";
+  int64_t slots = 0;
+  for (const auto& layer : kept) slots += layer.empty() ? 0 : static_cast<int64_t>(layer[0].size());
+  if (slots <= f->max_kept_slots) return "";
+  return "kept " + std::to_string(slots) + " slots (summed over " + std::to_string(layers) +
+         " layers), footprint() declared at most " + std::to_string(f->max_kept_slots);
+}
+
 int64_t pool_pages_for(const LlamaModel& model, int64_t page_size, int64_t n) {
   // Room for an offline compressor's extra forwards (KVzip repeats the prompt) and decode steps.
   return model.config().n_layers * ((3 * n + 2200) / page_size + 2);
@@ -302,6 +315,8 @@ Status check_dropping(const LlamaModel& model, const CompressorFactory& make, Co
     if (budget.empty() && !offline_mode) budget_holds += ", and after each of 8 decode steps";
     record.check("positions", run.positions, "unique, increasing, in [0, " + std::to_string(n) + ")");
     record.check("budget", budget, budget_holds);
+    record.check("footprint", footprint_offence(*a, run.kept, n, c, layers),
+                 "the kept set within the bound footprint() declares before the prefill");
     record.check("protected", protected_offence(run.kept, n, spec),
                  "first " + std::to_string(spec.protect_first) + " and last " + std::to_string(spec.protect_last) +
                      " positions kept by every head");

@@ -14,6 +14,8 @@
 //     budget          every head of a layer keeps the same count; per layer floor(c * n) (at least
 //                     one, at least min(n, window) for an online window), or, with "across-layers",
 //                     layers * floor(c * n) in all; online, also after each of 8 decode steps
+//     footprint       the kept set's slots, summed over layers, within the bound footprint() declares
+//                     (admission reserves that bound before the prefill)
 //     protected       the spec's first and last positions are kept by every head
 //     rollback        offline: compress() leaves the full cache it was handed as it was (its extra
 //                     forwards rolled back: same lengths, pages and K/V bits)

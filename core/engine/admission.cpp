@@ -22,16 +22,42 @@ DraftVerifyEngine::PageDemand DraftVerifyEngine::pages_for_request(const LlamaMo
                                                                    const EngineOptions& options,
                                                                    int64_t device_page_size, int64_t host_page_size,
                                                                    const GenerationRequest& request) {
+  return demand_for(model, options, device_page_size, host_page_size, request, -1);
+}
+
+DraftVerifyEngine::PageDemand DraftVerifyEngine::demand_for(const LlamaModel& model, const EngineOptions& options,
+                                                            int64_t device_page_size, int64_t host_page_size,
+                                                            const GenerationRequest& request, int64_t kept_slots) {
   const int64_t layers = model.config().n_layers, ctx = model.config().context_length;
   const auto n = static_cast<int64_t>(request.prompt.size());
   const int64_t x = max_window(options);
   const int64_t longest = std::min(n + std::max<int64_t>(request.max_new_tokens, 0), ctx);
   auto pages = [](int64_t slots, int64_t page_size) { return (slots + page_size - 1) / page_size; };
   PageDemand d;
-  d.device = layers * pages(longest + x, device_page_size);
+  Compressor* c = options.compressor;
+  if (kept_slots < 0) {
+    // No compressor, a quantizer (its float slots are packed only after they are written) or one
+    // whose footprint() fails: every slot.
+    kept_slots = layers * n;
+    if (c != nullptr && n > 0) {
+      if (Result<RequestFootprint> f = c->footprint(n, options.ratio, layers); f.ok()) {
+        if (c->family() != CompressorFamily::kQuantization) kept_slots = f->max_kept_slots;
+        d.state_bytes = std::max<int64_t>(f->state_bytes, 0);
+      }
+    }
+  }
+  kept_slots = std::clamp<int64_t>(kept_slots, 0, layers * n);
+  d.kept_slots = kept_slots;
+  const int64_t growth = longest - n + x;  // tokens still to come, and one window
+  if (kept_slots == layers * n) {
+    d.device = layers * pages(longest + x, device_page_size);
+  } else {
+    // Summed over layers, each layer's pages round its slots up: at most page_size - 1 slots each.
+    d.device = (kept_slots + layers * (growth + device_page_size - 1)) / device_page_size;
+  }
   d.host = layers * pages(longest + x + 1, host_page_size);
   if (options.transfer != nullptr) d.transient = layers * pages(longest + x + 1, device_page_size);
-  if (options.compressor != nullptr && options.compressor->mode() == CompressionMode::kOffline) {
+  if (c != nullptr && c->mode() == CompressionMode::kOffline) {
     d.host = std::max(d.host, layers * (pages(n + scratch_slots(n), host_page_size) + 1));
   }
   return d;
@@ -47,14 +73,14 @@ DraftVerifyEngine::PageDemand DraftVerifyEngine::pages_for_requests(const LlamaM
     all.device += d.device;
     all.host += d.host;
     all.transient += d.transient;
+    all.state_bytes += d.state_bytes;
+    all.kept_slots += d.kept_slots;
   }
   return all;
 }
 
 DraftVerifyEngine::PageDemand DraftVerifyEngine::worst_case(const EngineRequest& r) const {
-  if (r.phase == Phase::kPrefill || r.done) {
-    return pages_for_request(model_, options_, device_pool_.spec().page_size, host_pool_.spec().page_size, r.req);
-  }
+  if (r.phase == Phase::kPrefill || r.done) return r.demand;
   // Past prefill: what is held, plus room for every token still to come and one window.
   const int64_t growth =
       std::max<int64_t>(r.req.max_new_tokens - static_cast<int64_t>(r.result.generation.tokens.size()), 0) +
@@ -62,6 +88,9 @@ DraftVerifyEngine::PageDemand DraftVerifyEngine::worst_case(const EngineRequest&
   PageDemand d;
   d.host = r.full.pages_held() + r.full.pages_needed(host_pool_.spec(), growth);
   d.device = r.full_only ? 0 : r.comp.pages_held() + r.comp.pages_needed(device_pool_.spec(), growth);
+  // An offline compressor's state is released at its compress(); an online one keeps it.
+  const bool online = options_.compressor != nullptr && options_.compressor->mode() == CompressionMode::kOnline;
+  d.state_bytes = online && !r.full_only ? r.demand.state_bytes : 0;
   return d;
 }
 
@@ -94,7 +123,16 @@ Result<int64_t> DraftVerifyEngine::add_prefilled(GenerationRequest request, cons
   if (!kept.empty() && static_cast<int64_t>(kept.size()) != model_.config().n_layers) {
     return Status::invalid_argument("add_prefilled: one kept tensor per layer, or none");
   }
-  VC_ASSIGN_OR_RETURN(const int64_t id, add_request(std::move(request)));
+  VC_RETURN_IF_ERROR(validate_options());
+  // The kept set is known: admission reserves exactly it (no kept set: the whole prompt).
+  int64_t kept_slots = model_.config().n_layers * n;
+  if (!kept.empty()) {
+    kept_slots = 0;
+    for (const at::Tensor& k : kept) kept_slots += k.dim() == 2 ? k.size(1) : 0;
+  }
+  const PageDemand need = demand_for(model_, options_, device_pool_.spec().page_size, host_pool_.spec().page_size,
+                                     request, kept_slots);
+  VC_ASSIGN_OR_RETURN(const int64_t id, enqueue(std::move(request), need));
   EngineRequest& r = *queue_.back();
   r.prompt_kv = &prompt_kv;
   r.prompt_pool = &prompt_pool;
@@ -118,6 +156,12 @@ void DraftVerifyEngine::start_prefilled(EngineRequest& r) {
 
 Result<int64_t> DraftVerifyEngine::add_request(GenerationRequest request) {
   VC_RETURN_IF_ERROR(validate_options());
+  const PageDemand need =
+      demand_for(model_, options_, device_pool_.spec().page_size, host_pool_.spec().page_size, request, -1);
+  return enqueue(std::move(request), need);
+}
+
+Result<int64_t> DraftVerifyEngine::enqueue(GenerationRequest request, const PageDemand& need) {
   const auto n = static_cast<int64_t>(request.prompt.size());
   const int64_t ctx = model_.config().context_length;
   if (n == 0) return Status::invalid_argument("request " + std::to_string(next_id_) + ": the prompt is empty");
@@ -125,8 +169,6 @@ Result<int64_t> DraftVerifyEngine::add_request(GenerationRequest request) {
     return Status::invalid_argument("request " + std::to_string(next_id_) + ": the prompt has " + std::to_string(n) +
                                     " tokens; the model's context is " + std::to_string(ctx));
   }
-  const PageDemand need =
-      pages_for_request(model_, options_, device_pool_.spec().page_size, host_pool_.spec().page_size, request);
   const int64_t device_pages = device_pool_.num_pages(PageKind::kResident),
                 host_pages = host_pool_.num_pages(PageKind::kResident);
   if (need.device > device_pages || need.host > host_pages) {
@@ -141,9 +183,16 @@ Result<int64_t> DraftVerifyEngine::add_request(GenerationRequest request) {
         std::to_string(need.transient) +
         " transient device pages (pool: " + std::to_string(device_pool_.num_pages(PageKind::kTransient)) + ")");
   }
+  if (options_.state_budget_bytes > 0 && need.state_bytes > options_.state_budget_bytes) {
+    return Status::invalid_argument("request " + std::to_string(next_id_) + " can never fit: " +
+                                    options_.compressor->name() + " holds " + std::to_string(need.state_bytes) +
+                                    " bytes of state for it (budget: " + std::to_string(options_.state_budget_bytes) +
+                                    " bytes)");
+  }
   auto r = std::make_unique<EngineRequest>(next_id_, std::move(request), model_.config().n_layers);
   r->result.request_id = r->id;
   r->result.metrics.prompt_tokens = n;
+  r->demand = need;
   queue_.push_back(std::move(r));
   return next_id_++;
 }
@@ -154,12 +203,14 @@ void DraftVerifyEngine::admit() {
     const PageDemand d = worst_case(*r);
     held.device += d.device;
     held.host += d.host;
+    held.state_bytes += d.state_bytes;
   }
   while (!queue_.empty()) {
     EngineRequest& r = *queue_.front();
     const PageDemand d = worst_case(r);
     if (held.device + d.device > device_pool_.num_pages(PageKind::kResident) ||
-        held.host + d.host > host_pool_.num_pages(PageKind::kResident)) {
+        held.host + d.host > host_pool_.num_pages(PageKind::kResident) ||
+        (options_.state_budget_bytes > 0 && held.state_bytes + d.state_bytes > options_.state_budget_bytes)) {
       return;  // first come, first served: later requests wait behind this one
     }
     active_.push_back(std::move(queue_.front()));
@@ -177,6 +228,7 @@ void DraftVerifyEngine::admit() {
     }
     held.device += d.device;
     held.host += d.host;
+    held.state_bytes += d.state_bytes;
   }
 }
 

@@ -198,7 +198,15 @@ Status DraftVerifyEngine::build_compressed(EngineRequest& r) {
     VC_ASSIGN_OR_RETURN(kept, kept_after_drops(c->name(), r.dropped, n, spec.n_layers, spec.n_kv_heads));
     r.dropped.clear();
   }
-  // Admission reserved room for an uncompressed KV_comp, so this cannot run out of pages.
+  // Admission reserved the kept set's pages by the bound the compressor declared: a kept set over
+  // it is the plugin's error (the request then decodes on KV_full), never an allocation failure.
+  int64_t slots = 0;
+  for (const at::Tensor& k : kept) slots += k.size(1);
+  if (slots > r.demand.kept_slots) {
+    return Status::plugin_error((c != nullptr ? c->name() : std::string("kept set")) + ": kept " +
+                                std::to_string(slots) + " slots (summed over layers), more than the " +
+                                std::to_string(r.demand.kept_slots) + " its footprint() declared");
+  }
   const Status s = r.comp.assign_kept(device_pool_, r.full, host_pool_, kept);
   VC_CHECK(s.ok(), "building KV_comp: the admission reservation did not hold");
   return quantizer() ? pack_comp(r) : Status();

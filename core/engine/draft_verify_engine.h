@@ -104,6 +104,9 @@ struct EngineOptions {
   // Borrowed; nullptr: each request verifies after its own x drafts. Its draft length must equal
   // draft_length; the engine owns its admissions and iterations while it runs.
   sched::ReloadScheduler* scheduler = nullptr;
+  // The most bytes of compressor state (RequestFootprint::state_bytes) requests may hold at once:
+  // requests past it wait. 0: no bound. An offline compressor's state counts until its compress().
+  int64_t state_budget_bytes = 0;
   // Test-only: a fault the engine makes on purpose, so tests can show their checks fail.
   TestFault test_fault;
 };
@@ -161,14 +164,19 @@ class DraftVerifyEngine {
   // Every finished request's metrics, added up.
   const RequestMetrics& totals() const { return totals_; }
 
-  // Pages a request may hold at most at any time: resident pages of the device pool (as if
-  // nothing were compressed: the kept set is unknown before prefill) and pages of the host pool
-  // (its full cache plus a verify window, and an offline compressor's scratch forwards). A pool
-  // of at least this size runs the request; the sum over requests runs them all at once.
+  // What a request may hold at most at any time. Device: the resident pages of its compressed
+  // cache — the kept set the compressor promises (Compressor::footprint: c * n per layer for a
+  // token dropper; every token for a quantizer or no compressor) plus every token still to come and
+  // one window, with each layer's last page partly filled. Host: its full cache plus a verify
+  // window, and an offline compressor's scratch forwards. The prompt is prefilled into the host
+  // store, so the device never holds it whole. A pool of at least this size runs the request; the
+  // sum over requests runs them all at once.
   struct PageDemand {
     int64_t device = 0;
     int64_t host = 0;
-    int64_t transient = 0;  // one verify window's copy of KV_full (transfer mode)
+    int64_t transient = 0;    // one verify window's copy of KV_full (transfer mode)
+    int64_t state_bytes = 0;  // the compressor's own per-request memory (Compressor::footprint)
+    int64_t kept_slots = 0;   // KV_comp's slots right after compression, summed over layers, reserved
   };
   static PageDemand pages_for_request(const LlamaModel& model, const EngineOptions& options, int64_t device_page_size,
                                       int64_t host_page_size, const GenerationRequest& request);
@@ -178,6 +186,12 @@ class DraftVerifyEngine {
 
  private:
   PageDemand worst_case(const EngineRequest& r) const;
+  // Demand with `kept_slots` slots kept after compression (summed over layers); -1: the bound the
+  // compressor's footprint() declares.
+  static PageDemand demand_for(const LlamaModel& model, const EngineOptions& options, int64_t device_page_size,
+                               int64_t host_page_size, const GenerationRequest& request, int64_t kept_slots);
+  // Checks that the pools can ever hold `need`, then queues the request.
+  Result<int64_t> enqueue(GenerationRequest request, const PageDemand& need);
   // Copies a prefilled request's prompt KV into its host cache and finishes its prefill.
   void start_prefilled(EngineRequest& r);
   // Transfer mode: queues the copy of r's KV_full into transient pages when none is queued.

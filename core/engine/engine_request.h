@@ -66,6 +66,7 @@ struct EngineRequest {
   std::vector<WindowRows> window_rows;     // online compressor, verify: one per layer
   std::vector<int32_t> tokens, positions;  // the current forward's input
   EngineResult result;
+  DraftVerifyEngine::PageDemand demand;  // before prefill: what admission reserves
   // add_prefilled(): the prompt's KV to copy at admission, the logits after it, its kept set.
   const SequenceKv* prompt_kv = nullptr;
   const PagePool* prompt_pool = nullptr;

@@ -146,6 +146,17 @@ class ModelAccess {
   virtual int64_t request_id() const = 0;
 };
 
+// What one request may hold at most, declared before its prefill so that admission can reserve
+// it (DraftVerifyEngine admits requests by these bounds, so no page allocation fails later).
+struct RequestFootprint {
+  // KV_comp's slots right after compression, summed over layers (every KV head of a layer keeps
+  // the same count). The runtime checks the kept set against it: a plugin that keeps more is
+  // refused for that request (it decodes on its full cache).
+  int64_t max_kept_slots = 0;
+  // The plugin's own memory for the request while it runs (statistics, scores, buffers), in bytes.
+  int64_t state_bytes = 0;
+};
+
 // The interface the runtime calls. Plugins derive from CompressorBase, not from this.
 class Compressor {
  public:
@@ -188,6 +199,10 @@ class Compressor {
   // Forgets per-request state: after an offline compress(), and when the request finishes. Request
   // ids are reused across runs; releasing an id the compressor never saw is a no-op.
   virtual void release(int64_t request_id) noexcept = 0;
+  // The most a request of an n-token prompt holds at kept fraction `ratio` on a model of
+  // `n_layers` layers (after attach()). Token droppers promise their budget; a compressor that
+  // cannot bound its kept set declares every slot (n * n_layers, the default).
+  virtual Result<RequestFootprint> footprint(int64_t n, double ratio, int64_t n_layers) noexcept = 0;
 };
 
 // Base class for plugins: implement the *_impl hooks; every call is wrapped so that an exception
@@ -235,6 +250,12 @@ class CompressorBase : public Compressor {
     } catch (...) {
     }
   }
+  Result<RequestFootprint> footprint(int64_t n, double ratio, int64_t n_layers) noexcept final {
+    RequestFootprint out;
+    const Status s = guard([&] { return footprint_impl(n, ratio, n_layers, &out); });
+    if (!s.ok()) return s;
+    return out;
+  }
 
  protected:
   // Defaults: accept any model, observe nothing, compress nothing, score nothing, no packed pages
@@ -257,6 +278,12 @@ class CompressorBase : public Compressor {
     return Status::not_supported(name_ + ": not a quantizer (no packed pages)");
   }
   virtual void release_impl(int64_t) {}
+  // Default: every slot kept, no state of its own.
+  virtual Status footprint_impl(int64_t n, double /*ratio*/, int64_t n_layers, RequestFootprint* out) {
+    out->max_kept_slots = n * n_layers;
+    out->state_bytes = 0;
+    return Status();
+  }
 
  private:
   // Every failure names the compressor: "snapkv: the prompt ...".

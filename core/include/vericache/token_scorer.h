@@ -191,6 +191,20 @@ class TokenScorer : public CompressorBase {
     held_.erase(request_id);
   }
 
+  // The budget the base enforces: offline kept_count(n, c) per layer (layer_budgets() moves counts
+  // between layers but keeps their sum), online max(kept_count(n, c), min(n, recent_window())) per
+  // layer once the prefill is seen; plus state_bytes(n).
+  Status footprint_impl(int64_t n, double ratio, int64_t n_layers, RequestFootprint* out) final {
+    const int64_t per_layer = mode() == CompressionMode::kOffline
+                                  ? kept_count(n, ratio)
+                                  : std::max(kept_count(n, ratio), std::min(n, recent_window()));
+    out->max_kept_slots = n_layers * per_layer;
+    out->state_bytes = state_bytes(n);
+    return Status();
+  }
+  // The plugin's own per-request memory for an n-token prompt (its State), in bytes. Default 0.
+  virtual int64_t state_bytes(int64_t /*n*/) const { return 0; }
+
  private:
   struct HeldToken {
     int64_t position;
