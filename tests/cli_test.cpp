@@ -455,7 +455,7 @@ TEST(Cli, ConformanceReportsTheBrokenRule) {
   EXPECT_EQ(report["compressor"], "rule_breaker");
   EXPECT_EQ(report["passed"], true);
   EXPECT_EQ(report["broken_rules"].size(), 0u);
-  EXPECT_EQ(report["checks"].size(), 10u);
+  EXPECT_EQ(report["checks"].size(), 11u);
   EXPECT_EQ(report["checks"].back()["rule"], "lossless");
 
   const std::string spec = testing::temp_dir() + "/bad_spec.json";

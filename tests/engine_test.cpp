@@ -544,6 +544,9 @@ TEST(Engine, EveryReloadPolicyIsLossless) {
     options.draft_length = 4;
     options.transfer = &transfer;
     options.sink = &log;
+    // Pages sized with the scheduler's window, as the engine will draft with it (x = window - 2).
+    sched::ReloadScheduler sizing(so);
+    options.scheduler = &sizing;
     int64_t largest_transient = 0;
     for (const auto& r : requests) {
       largest_transient =

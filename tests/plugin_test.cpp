@@ -104,7 +104,9 @@ TEST(PluginErrors, MissingDescriptor) {
 }
 
 TEST(PluginErrors, AbiMismatchNamesBothVersions) {
-  EXPECT_EQ(load_error(fixture("bad_abi")), "plugins: " + fixture("bad_abi") + ": incompatible ABI (plugin: 99, core: 6); rebuild the plugin against this VeriCache's headers");
+  EXPECT_EQ(load_error(fixture("bad_abi")), "plugins: " + fixture("bad_abi") + ": incompatible ABI (plugin: 99, core: " +
+                                                std::to_string(VC_PLUGIN_ABI_VERSION) +
+                                                "); rebuild the plugin against this VeriCache's headers");
 }
 
 TEST(PluginErrors, TorchMismatchNamesBothVersions) {

@@ -35,26 +35,24 @@ DraftVerifyEngine::PageDemand DraftVerifyEngine::demand_for(const LlamaModel& mo
   auto pages = [](int64_t slots, int64_t page_size) { return (slots + page_size - 1) / page_size; };
   PageDemand d;
   Compressor* c = options.compressor;
-  if (kept_slots < 0) {
-    // No compressor, a quantizer (its float slots are packed only after they are written) or one
-    // whose footprint() fails: every slot.
-    kept_slots = layers * n;
-    if (c != nullptr && n > 0) {
-      if (Result<RequestFootprint> f = c->footprint(n, options.ratio, layers); f.ok()) {
-        if (c->family() != CompressorFamily::kQuantization) kept_slots = f->max_kept_slots;
-        d.state_bytes = std::max<int64_t>(f->state_bytes, 0);
-      }
+  // The kept set's bound: given (a prefilled request's kept set), or the compressor's footprint();
+  // every slot without a compressor, for a quantizer (its float slots are packed only after they
+  // are written) or when footprint() fails.
+  const bool given = kept_slots >= 0;
+  if (!given) kept_slots = layers * n;
+  if (c != nullptr && n > 0) {
+    if (Result<RequestFootprint> f = c->footprint(n, options.ratio, layers); f.ok()) {
+      if (!given && c->family() != CompressorFamily::kQuantization) kept_slots = f->max_kept_slots;
+      d.state_bytes = std::max<int64_t>(f->state_bytes, 0);
     }
   }
   kept_slots = std::clamp<int64_t>(kept_slots, 0, layers * n);
   d.kept_slots = kept_slots;
   const int64_t growth = longest - n + x;  // tokens still to come, and one window
-  if (kept_slots == layers * n) {
-    d.device = layers * pages(longest + x, device_page_size);
-  } else {
-    // Summed over layers, each layer's pages round its slots up: at most page_size - 1 slots each.
-    d.device = (kept_slots + layers * (growth + device_page_size - 1)) / device_page_size;
-  }
+  // Each layer holds at most every slot; summed over layers, each layer's pages round its slots up
+  // (at most page_size - 1 slots each).
+  d.device = std::min(layers * pages(longest + x, device_page_size),
+                      (kept_slots + layers * (growth + device_page_size - 1)) / device_page_size);
   d.host = layers * pages(longest + x + 1, host_page_size);
   if (options.transfer != nullptr) d.transient = layers * pages(longest + x + 1, device_page_size);
   if (c != nullptr && c->mode() == CompressionMode::kOffline) {

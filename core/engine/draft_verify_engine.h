@@ -169,8 +169,9 @@ class DraftVerifyEngine {
   // token dropper; every token for a quantizer or no compressor) plus every token still to come and
   // one window, with each layer's last page partly filled. Host: its full cache plus a verify
   // window, and an offline compressor's scratch forwards. The prompt is prefilled into the host
-  // store, so the device never holds it whole. A pool of at least this size runs the request; the
-  // sum over requests runs them all at once.
+  // store, so the device never holds it whole. A pool of at least this size runs the request
+  // through add_request(); the sum over requests runs them all at once. add_prefilled() reserves
+  // the kept set it is given (every slot without one), which may differ from this bound.
   struct PageDemand {
     int64_t device = 0;
     int64_t host = 0;
