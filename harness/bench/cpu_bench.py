@@ -24,7 +24,6 @@ Writes results/bench_cpu_smollm2.md and .json (or --out PREFIX). Usage, from the
 """
 import argparse
 import ctypes
-import datetime
 import json
 import os
 import platform
@@ -35,7 +34,7 @@ import time
 import numpy as np
 
 from bench_prompts import DATASET_SETS, bench_text
-from results_file import check_destination, cpu_name, provenance, write_atomically
+from results_file import check_destination, command_line, provenance, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGED = os.path.join(ROOT, ".models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -205,7 +204,6 @@ def main():
     text_file = bench_text(args.text)
     text = open(text_file, encoding="utf-8", newline="").read()
     prov = provenance(ROOT)  # read before the run: the binary and sources measured are those of now
-    commit, dirty = prov["commit"], prov["dirty"]
     rows = []
     for label, path, kv_type in files:
         peer = LlamaCpp(path, args.threads)
@@ -223,18 +221,16 @@ def main():
                 log(f"  prefill {ours['prefill_tok_s']:.1f} vs {theirs['prefill_tok_s']:.1f} tok/s, "
                     f"decode {ours['decode_tok_s']:.1f} vs {theirs['decode_tok_s']:.1f} tok/s")
 
-    cpu = cpu_name()
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
-            "command": "python3 harness/bench/cpu_bench.py " + " ".join(sys.argv[1:]), "cpu": cpu,
-            "cores": os.cpu_count(), "threads": args.threads, "text": args.text, "dirty": dirty, "llama_cpp_python": md.version("llama_cpp_python"),
+    cpu = prov["cpu"]
+    meta = {**prov, "command": "python3 harness/bench/cpu_bench.py " + " ".join(sys.argv[1:]),
+            "cores": os.cpu_count(), "threads": args.threads, "text": args.text, "llama_cpp_python": md.version("llama_cpp_python"),
             "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode().strip(),
             "python": platform.python_version()}
     write_atomically(args.out + ".json", json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [
         f"# CPU throughput: VeriCache vs llama.cpp, {title}",
         "",
-        f"- command: `{meta['command']}` at commit `{commit}`"
-        f"{' (with uncommitted changes)' if dirty else ' (clean tree)'} ({meta['date']})",
+        command_line(meta["command"], prov),
         "- prompts: " + ("distinct slices of the repository's prompt sets joined (" + ", ".join(DATASET_SETS) + ")"
                          if args.text == "datasets" else "distinct slices of datasets/tokenizer_corpus/corpus.txt "
                          "(licence texts the model has memorized)") + "; throughput does not depend on the text",
