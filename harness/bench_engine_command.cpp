@@ -1,6 +1,6 @@
 // vericache bench-engine: decode tokens/s of VeriCache (draft on the compressed cache, verify in
 // place on the full one) against full-KV decoding in the same run, over contexts, batch sizes,
-// compressors and draft lengths.
+// compressors, draft policies and draft lengths (under an adaptive policy, the longest window).
 //
 // Per context, request i of a batch takes the i-th stretch of `context` tokens of the text (all the
 // same stretch with --same-prompt); each prompt is prefilled once (every offline compressor sees the
@@ -18,6 +18,7 @@
 #include "bench_support.h"
 #include "cli_common.h"
 #include "commands.h"
+#include "draft_policy_options.h"
 #include "engine/compression.h"
 #include "engine/draft_verify_engine.h"
 #include "engine/engine_pools.h"
@@ -28,7 +29,8 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 
 int run_bench_engine(int argc, char** argv) {
-  std::string model_arg, text_file, contexts_arg, batches_arg, compressors_arg, drafts_arg;
+  std::string model_arg, text_file, contexts_arg, batches_arg, compressors_arg, drafts_arg, policies_arg;
+  DraftPolicyArgs policy_args;
   std::vector<std::string> params_args;
   int64_t decode_tokens = 64, page_size = 16, prefill_chunk = 512;
   double ratio = 0.25;
@@ -54,7 +56,13 @@ int run_bench_engine(int argc, char** argv) {
     ("params", po::value(&params_args)->composing(),
      "NAME=JSON: parameters of one compressor, e.g. kvzip='{\"chunk_size\": 128}' (repeatable)")
     ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c")
-    ("draft-lengths", po::value(&drafts_arg)->default_value("8,16,25"), "comma-separated draft lengths x")
+    ("draft-lengths", po::value(&drafts_arg)->default_value("8,16,25"),
+     "comma-separated draft lengths x (under an adaptive policy: the longest window)")
+    ("draft-policies", po::value(&policies_arg)->default_value("fixed"),
+     "comma-separated draft policies, each run at every draft length: fixed, confidence, tiers, goodput "
+     "(vericache run --help says what each does)")
+    ("draft-p-min", po::value(&policy_args.min_confidence)->default_value(policy_args.min_confidence),
+     "the confidence policy's threshold")
     ("decode-tokens", po::value(&decode_tokens)->default_value(64), "tokens generated per request (EOS ignored)")
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores")
     ("page-size", po::value(&page_size)->default_value(16), "KV page size in tokens (a multiple of 16)")
@@ -66,9 +74,20 @@ int run_bench_engine(int argc, char** argv) {
       "Example:\n  vericache bench-engine --contexts 2048 --batches 1 --compressors snapkv --draft-lengths 8\n";
   if (auto done = parse_command_line("bench-engine", desc, example, argc, argv, &vm,
                                      {{"decode-tokens", 2, 1 << 20}, kRatioRange, kThreadsRange, kPageSizeRange,
-                                      kPrefillChunkRange}))
+                                      kPrefillChunkRange, {"draft-p-min", 0, 1}}))
     return *done;
   std::vector<int64_t> contexts, batches, drafts;
+  std::vector<DraftPolicyOptions> policies;
+  for (size_t begin = 0; begin <= policies_arg.size();) {
+    const size_t end = std::min(policies_arg.find(',', begin), policies_arg.size());
+    policy_args.policy = policies_arg.substr(begin, end - begin);
+    if (!parse_draft_policy(policy_args.policy)) {
+      return report_usage_error("bench-engine", "--draft-policies: '" + policy_args.policy + "' is not one of " +
+                                                    kDraftPolicyNames);
+    }
+    policies.push_back(*draft_policy_options(policy_args));
+    begin = end + 1;
+  }
   try {
     contexts = parse_positive_list(contexts_arg, "contexts", kMaxContextLength);
     batches = parse_positive_list(batches_arg, "batches", 4096);
@@ -94,10 +113,10 @@ int run_bench_engine(int argc, char** argv) {
   int64_t total_mismatches = 0;
   if (!json) {
     std::printf(
-        "| context | batch | compressor | x | full-KV tok/s | VeriCache tok/s | speedup | mean acceptance length | "
-        "acceptance rate | draft step ms | verify step ms | full-KV step ms | verify cost (decode steps) | mismatches "
-        "|\n");
-    std::printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "| context | batch | compressor | policy | x | drafts per window | windows of none | full-KV tok/s | VeriCache "
+        "tok/s | speedup | mean acceptance length | acceptance rate | draft step ms | verify step ms | full-KV step ms "
+        "| verify cost (decode steps) | mismatches |\n");
+    std::printf("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
 
   for (int64_t context : contexts) {
@@ -149,12 +168,16 @@ int run_bench_engine(int argc, char** argv) {
       const double baseline_tok_s = full->tok_s();
 
       for (size_t c = 0; c < compressors->size(); ++c) {
-        for (int64_t x : drafts) {
-          std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: %s x = %lld\n",
+        for (size_t pi = 0; pi < policies.size() * drafts.size(); ++pi) {
+          const DraftPolicyOptions& policy = policies[pi / drafts.size()];
+          const int64_t x = drafts[pi % drafts.size()];
+          const char* policy_name = draft_policy_name(policy.kind);
+          std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: %s, %s, x = %lld\n",
                        static_cast<long long>(context), static_cast<long long>(batch), (*compressors)[c]->name().c_str(),
-                       static_cast<long long>(x));
+                       policy_name, static_cast<long long>(x));
           EngineOptions options;
           options.draft_length = x;
+          options.draft_policy = policy;
           options.ratio = ratio;
           options.compressor = (*compressors)[c].get();
           StepTimes times;
@@ -191,6 +214,9 @@ int run_bench_engine(int argc, char** argv) {
                                {"compressor", (*compressors)[c]->name()},
                                {"ratio", ratio},
                                {"draft_length", x},
+                               {"draft_policy", policy_name},
+                               {"mean_window", t.mean_window()},
+                               {"windows_of_none", t.verify_windows - t.drafts},
                                {"decode_tokens", decode_tokens},
                                {"baseline_tok_s", baseline_tok_s},
                                {"throughput_tok_s", tok_s},
@@ -214,9 +240,11 @@ int run_bench_engine(int argc, char** argv) {
             std::cout << out.dump() << std::endl;
           } else {
             std::printf(
-                "| %lld | %lld | %s | %lld | %.1f | %.1f | %.2fx | %.2f | %.3f | %.1f | %.1f | %.1f | %.2f | %lld |\n",
+                "| %lld | %lld | %s | %s | %lld | %.2f | %lld | %.1f | %.1f | %.2fx | %.2f | %.3f | %.1f | %.1f | %.1f | "
+                "%.2f | %lld |\n",
                 static_cast<long long>(context), static_cast<long long>(batch), (*compressors)[c]->name().c_str(),
-                static_cast<long long>(x), baseline_tok_s, tok_s, tok_s / baseline_tok_s, t.mean_acceptance_length(),
+                policy_name, static_cast<long long>(x), t.mean_window(),
+                static_cast<long long>(t.verify_windows - t.drafts), baseline_tok_s, tok_s, tok_s / baseline_tok_s, t.mean_acceptance_length(),
                 t.acceptance_rate(), draft_ms, verify_ms, baseline_step_ms, verify_ms / baseline_step_ms,
                 static_cast<long long>(mismatches));
             std::fflush(stdout);

@@ -14,6 +14,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "decoding_options.h"
+#include "draft_policy_options.h"
 #include "engine/draft_verify_engine.h"
 #include "engine/engine_pools.h"
 #include "util/system_memory.h"
@@ -34,6 +35,7 @@ struct RunOptions : DecodingOptions {
   int64_t draft_length = 16;
   std::string draft_kv = "verified";
   std::string draft_sampling = "sampled";
+  DraftPolicyArgs draft_policy;
   int64_t resident_pages = 0;
   int64_t host_pages = 0;
   double state_memory_mb = -1;  // -1: half the machine's memory; 0: no bound
@@ -46,11 +48,12 @@ struct RunOptions : DecodingOptions {
 
 po::options_description describe(RunOptions& o) {
   po::options_description d(
-      "vericache run: lossless decoding with VeriCache. Each request drafts --draft-length tokens on its\n"
-      "compressed KV cache (the compressor keeps --ratio of it), then verifies them in one forward over\n"
-      "its full KV cache: greedy output is token-identical to full-KV decoding, sampled output has the\n"
-      "full-KV distribution. By default the full cache is verified in place (no copy); --verify transfer\n"
-      "copies it into transient pages first, optionally over an emulated link (--link-gbps).\n\nOptions");
+      "vericache run: lossless decoding with VeriCache. Each request drafts up to --draft-length tokens on\n"
+      "its compressed KV cache (the compressor keeps --ratio of it; --draft-policy picks each window's\n"
+      "length), then verifies them in one forward over its full KV cache: greedy output is token-identical\n"
+      "to full-KV decoding, sampled output has the full-KV distribution. By default the full cache is\n"
+      "verified in place (no copy); --verify transfer copies it into transient pages first, optionally\n"
+      "over an emulated link (--link-gbps).\n\nOptions");
   add_decoding_options(d, o);
   // clang-format off
   d.add_options()
@@ -58,7 +61,8 @@ po::options_description describe(RunOptions& o) {
      "the compressor that makes KV_comp (plugin name or .so path); 'none' drafts on a full copy")
     ("params", po::value(&o.params)->default_value("{}"), "the compressor's parameters as a JSON object")
     ("ratio,c", po::value(&o.ratio)->default_value(0.25), "kept fraction c in (0, 1]: KV_comp = c * KV_full")
-    ("draft-length,x", po::value(&o.draft_length)->default_value(16), "tokens drafted per verify window")
+    ("draft-length,x", po::value(&o.draft_length)->default_value(16),
+     "tokens drafted per verify window (with an adaptive --draft-policy: the most)")
     ("draft-kv", po::value(&o.draft_kv)->default_value("verified"),
      "K/V the accepted tokens keep in KV_comp: verified (from the full-KV forward) or drafted")
     ("draft-sampling", po::value(&o.draft_sampling)->default_value("sampled"),
@@ -79,11 +83,13 @@ po::options_description describe(RunOptions& o) {
      "with --verify transfer: transient pages for full-cache copies; 0: one verify window per request at once")
     ("progress", po::bool_switch(&o.progress), "print a progress line on stderr (default when stderr is a terminal)");
   // clang-format on
+  add_draft_policy_options(d, o.draft_policy);
   return d;
 }
 
 Status check_options(const RunOptions& o) {
   VC_RETURN_IF_ERROR(check_decoding_options(o));
+  VC_RETURN_IF_ERROR(draft_policy_options(o.draft_policy).status());
   if (o.draft_kv != "verified" && o.draft_kv != "drafted") {
     return Status::invalid_argument("--draft-kv must be 'verified' or 'drafted', got '" + o.draft_kv + "'");
   }
@@ -190,7 +196,7 @@ int run_run(int argc, char** argv) {
   po::variables_map vm;
   const std::string examples =
       "Examples:\n"
-      "  vericache run --check -f datasets/prompts/document_2k.txt            # KVzip c = 0.25, x = 16\n"
+      "  vericache run --check -f datasets/prompts/document_2k.txt            # KVzip c = 0.25, x <= 16, goodput\n"
       "  vericache run --check --compressor snapkv -c 0.1 -x 8 -f doc.txt --json\n"
       "  vericache run -p \"Write a haiku about the sea.\" -t 0.7 --seed 3 --compressor expected_attention\n"
       "  vericache run --check --compressor none -p \"hello\"     # draft on a full copy: every draft is accepted\n"
@@ -199,6 +205,7 @@ int run_run(int argc, char** argv) {
   std::vector<OptionRange> ranges = decoding_ranges();
   ranges.insert(ranges.end(), {kRatioRange,
                                {"draft-length", 1, 256},
+                               {"draft-p-min", 0, 1},
                                {"resident-pages", 0, 1LL << 31},
                                {"host-pages", 0, 1LL << 31},
                                {"state-memory-mb", -1, 1e9},
@@ -229,6 +236,7 @@ int run_run(int argc, char** argv) {
 
   EngineOptions options;
   options.draft_length = o.draft_length;
+  options.draft_policy = *draft_policy_options(o.draft_policy);
   options.compressor = compressor.get();
   options.ratio = o.ratio;
   options.prefill_chunk = o.prefill_chunk;
@@ -333,6 +341,7 @@ int run_run(int argc, char** argv) {
     out["params"] = o.params;
     out["ratio"] = o.ratio;
     out["draft_length"] = o.draft_length;
+    out["draft_policy"] = o.draft_policy.policy;
     out["draft_kv"] = o.draft_kv;
     out["draft_sampling"] = o.draft_sampling;
     out["temperature"] = o.temperature;
@@ -374,6 +383,8 @@ int run_run(int argc, char** argv) {
     out["acceptance_rate"] = t.acceptance_rate();
     out["acceptance_rate_per_position"] = per_position;
     out["verify_windows"] = t.verify_windows;
+    out["mean_window"] = t.mean_window();
+    out["full_kv_windows"] = t.verify_windows - t.drafts;
     out["draft_steps"] = t.draft_steps;
     out["prefill_seconds"] = timer.prefill_seconds;
     out["decode_seconds"] = decode_seconds;
@@ -403,10 +414,13 @@ int run_run(int argc, char** argv) {
         std::printf("=== request %zu (%s)\n", i, finish_reason_name(results[i].generation.finish));
       std::printf("%s\n", text_of(results[i].generation.tokens).c_str());
     }
-    std::fprintf(stderr, "\n[%s at c = %.3f, x = %lld, KV_comp keeps %s K/V | %lld tokens, %lld verify windows]\n",
+    std::fprintf(stderr,
+                 "\n[%s at c = %.3f, x = %lld (%s: %.2f drafts per window, %lld windows of none), KV_comp keeps %s "
+                 "K/V | %lld tokens, %lld verify windows]\n",
                  compressor ? compressor->name().c_str() : "no compressor (full copy)", o.ratio,
-                 static_cast<long long>(o.draft_length), o.draft_kv.c_str(), static_cast<long long>(t.generated_tokens),
-                 static_cast<long long>(t.verify_windows));
+                 static_cast<long long>(o.draft_length), o.draft_policy.policy.c_str(), t.mean_window(),
+                 static_cast<long long>(t.verify_windows - t.drafts), o.draft_kv.c_str(),
+                 static_cast<long long>(t.generated_tokens), static_cast<long long>(t.verify_windows));
     std::fprintf(stderr,
                  "[mean acceptance length %.2f (1 + accepted/drafts, bonus included) | acceptance rate %.3f | decode "
                  "%.1f tok/s]\n",

@@ -165,7 +165,8 @@ EngineSamplingCheck::EngineSamplingCheck(const LlamaModel& model, int64_t runs, 
 EngineSamplingCheck::~EngineSamplingCheck() = default;
 
 std::vector<SamplingResult> EngineSamplingCheck::run(const SamplingCompressor& c, DraftSampling mode,
-                                                     std::span<const double> temperatures, const TestFault& fault) {
+                                                     std::span<const double> temperatures, const TestFault& fault,
+                                                     const DraftPolicyOptions& policy) {
   const LlamaModel& m = model_;
   const PrefilledPrompt& p = *state_->prompt;
   std::vector<SamplingResult> results;
@@ -179,6 +180,7 @@ std::vector<SamplingResult> EngineSamplingCheck::run(const SamplingCompressor& c
   options.draft_length = kDraftLength;
   options.draft_sampling = mode;
   options.test_fault = fault;
+  options.draft_policy = policy;
   std::vector<GenerationRequest> all;
   for (double t : temperatures) {
     for (int64_t seed = 0; seed < runs_; ++seed) {

@@ -66,10 +66,11 @@ class EngineSamplingCheck {
   ~EngineSamplingCheck();
 
   // Runs `runs` seeded requests per temperature of `temperatures` through the engine with this
-  // compressor, draft mode and test fault, then tests each temperature's outputs. Prints a line per
-  // temperature. Test failures (not the statistics' verdicts) for broken set-up.
+  // compressor, draft mode, test fault and draft policy, then tests each temperature's outputs.
+  // Prints a line per temperature. Test failures (not the statistics' verdicts) for broken set-up.
   std::vector<SamplingResult> run(const SamplingCompressor& compressor, DraftSampling mode,
-                                  std::span<const double> temperatures, const TestFault& fault = {});
+                                  std::span<const double> temperatures, const TestFault& fault = {},
+                                  const DraftPolicyOptions& policy = {});
 
   int64_t runs() const { return runs_; }
   double alpha() const { return alpha_; }

@@ -22,7 +22,8 @@ DraftVerifyEngine::DraftVerifyEngine(const LlamaModel& model, PagePool& device_p
       device_pool_(device_pool),
       host_pool_(host_pool),
       options_(options),
-      clock_(options.clock != nullptr ? options.clock : &steady_clock_) {
+      clock_(options.clock != nullptr ? options.clock : &steady_clock_),
+      policy_(options.draft_policy, options.draft_length, static_cast<double>(model.decode_weight_bytes())) {
   Compressor* c = options_.compressor;
   if (c == nullptr || c->family() != CompressorFamily::kQuantization) return;
   Result<PackedFormat> format = checked_packed_format(*c, device_pool_.spec());
@@ -59,6 +60,22 @@ Status DraftVerifyEngine::validate_options() const {
     return Status::invalid_argument("ratio must be in (0, 1], got " + std::to_string(options_.ratio));
   }
   if (options_.prefill_chunk < 1) return Status::invalid_argument("prefill chunk must be >= 1");
+  const DraftPolicyOptions& p = options_.draft_policy;
+  if (p.kind != DraftPolicyKind::kFixed && options_.scheduler != nullptr) {
+    return Status::not_supported(std::string("draft policy '") + draft_policy_name(p.kind) +
+                                 "' with a reload scheduler: the scheduler plans fixed windows; use 'fixed'");
+  }
+  if (!(p.min_confidence >= 0 && p.min_confidence <= 1)) {
+    return Status::invalid_argument("the confidence policy's minimum probability must be in [0, 1], got " +
+                                    std::to_string(p.min_confidence));
+  }
+  if (!(p.tier_down >= 0 && p.tier_down <= p.tier_up && p.tier_up <= 1 && p.tier_smoothing > 0 &&
+        p.tier_smoothing <= 1)) {
+    return Status::invalid_argument("the tiers policy needs 0 <= down <= up <= 1 and smoothing in (0, 1]");
+  }
+  if (p.probe_every < 1 || p.probe_length < 1) {
+    return Status::invalid_argument("the goodput policy's probe interval and probe length must be >= 1");
+  }
   if (options_.scheduler != nullptr && options_.scheduler->options().draft_length != options_.draft_length) {
     return Status::invalid_argument("the reload scheduler plans for draft length " +
                                     std::to_string(options_.scheduler->options().draft_length) +
@@ -84,7 +101,21 @@ int64_t DraftVerifyEngine::window_for(const EngineRequest& r) const {
   const int64_t remaining = r.req.max_new_tokens - static_cast<int64_t>(r.result.generation.tokens.size());
   // The verify forward runs positions committed .. committed + x, all inside the context.
   const int64_t room = model_.config().context_length - 1 - r.committed;
-  return std::clamp<int64_t>(std::min(remaining - 1, room), 0, max_window(options_));
+  const int64_t wanted = options_.scheduler != nullptr ? max_window(options_) : policy_.next_window(r.policy, reads_of(r));
+  return std::clamp<int64_t>(std::min({remaining - 1, room, wanted}), 0, max_window(options_));
+}
+
+RequestReads DraftVerifyEngine::reads_of(const EngineRequest& r) const {
+  if (options_.draft_policy.kind != DraftPolicyKind::kGoodput) return {};
+  // Packed slots count as float slots: a quantizer's drafts read fewer bytes but unpack them.
+  const double slot_bytes = static_cast<double>(device_pool_.page_bytes()) / static_cast<double>(device_pool_.spec().page_size);
+  RequestReads reads;
+  for (int64_t l = 0; l < r.full.n_layers(); ++l) {
+    reads.full_bytes += slot_bytes * static_cast<double>(r.full.length(l));
+    if (!r.full_only) reads.comp_bytes += slot_bytes * static_cast<double>(r.comp.total_length(l));
+  }
+  reads.transfer = options_.transfer != nullptr;
+  return reads;
 }
 
 int64_t DraftVerifyEngine::max_window(const EngineOptions& options) {
@@ -245,6 +276,7 @@ void DraftVerifyEngine::commit_window(EngineRequest& r, const float* rows) {
   const int64_t x = static_cast<int64_t>(r.drafts.size());
   const WindowVerdict v = judge_window(r, rows, vocab, options_);
   r.result.metrics.add_window(x, v.accepted);
+  policy_.observe_window(r.policy, x, v.accepted);
   if (options_.sink != nullptr) {
     options_.sink->on_window(WindowRecord{r.id, x, v.accepted});
     for (int64_t i = 0; i <= v.accepted; ++i) {
@@ -356,6 +388,11 @@ Status DraftVerifyEngine::run_forward(std::vector<EngineRequest*>& members, doub
   VC_RETURN_IF_ERROR(model_.forward(batch, &logits, observer));
   const double seconds = clock_->now_seconds() - record.start_seconds;
   if (options_.scheduler != nullptr && record.prefill_items == 0) options_.scheduler->observe_iteration(seconds);
+  if (record.prefill_items == 0 && options_.draft_policy.kind == DraftPolicyKind::kGoodput) {
+    const double slot_bytes = static_cast<double>(device_pool_.page_bytes()) / static_cast<double>(device_pool_.spec().page_size);
+    const auto items = static_cast<int64_t>(members.size());
+    policy_.observe_forward(items, record.rows - items, slot_bytes * static_cast<double>(record.kv_slots_read), seconds);
+  }
 
   const int64_t vocab = model_.config().vocab_size;
   int64_t row = 0;
@@ -379,6 +416,15 @@ Status DraftVerifyEngine::run_forward(std::vector<EngineRequest*>& members, doub
       }
       r.drafts.push_back(take_draft(lossy, vocab, r.req.sampling, options_.draft_sampling, r.draft_rng, &r.draft_probs));
       r.comp_end = r.committed + static_cast<int64_t>(r.drafts.size());
+      if (options_.draft_policy.kind == DraftPolicyKind::kConfidence &&
+          policy_.stops_window(draft_confidence(lossy, vocab, r.draft_probs.size() == r.drafts.size() ? &r.draft_probs.back() : nullptr))) {
+        // A low-confidence draft ends the window and is dropped; the K/V this forward wrote is its
+        // input's (the previous draft or the pending token), so comp_end stays.
+        r.drafts.pop_back();
+        if (r.draft_probs.size() > r.drafts.size()) r.draft_probs.pop_back();
+        r.phase = Phase::kVerify;
+        continue;
+      }
       if (options_.scheduler == nullptr && static_cast<int64_t>(r.drafts.size()) >= r.window) r.phase = Phase::kVerify;
     } else {
       m.verify_seconds += seconds;
@@ -402,6 +448,10 @@ Status DraftVerifyEngine::step() {
   std::vector<EngineRequest*> waiting;  // verify windows whose KV_full copy is not in yet
   std::vector<EngineRequest*> stalled;  // scheduler: verifies due whose copy is in flight
   int64_t running = 0;
+  if (options_.transfer != nullptr && options_.draft_policy.kind == DraftPolicyKind::kGoodput) {
+    const TransferStats link = options_.transfer->stats();
+    if (link.busy_seconds > 0) policy_.observe_link(static_cast<double>(link.bytes) / link.busy_seconds);
+  }
   for (auto& r : active_) {
     if (r->done) continue;
     ++running;

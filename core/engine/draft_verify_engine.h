@@ -68,6 +68,7 @@
 #include <vericache/compressor.h>
 #include <vericache/status.h>
 
+#include "engine/draft_policy.h"
 #include "engine/engine_clock.h"
 #include "engine/engine_stats.h"
 #include "engine/generator.h"
@@ -92,7 +93,10 @@ enum class DraftKv {
 const char* draft_kv_name(DraftKv mode);  // "drafted", "verified"
 
 struct EngineOptions {
-  int64_t draft_length = 8;          // x: tokens drafted per window, >= 1
+  int64_t draft_length = 8;          // x: tokens drafted per window (the most, under an adaptive policy), >= 1
+  // How long each window is (engine/draft_policy.h): fixed x by default; confidence, tiers and
+  // goodput adapt it per request and window (goodput down to 0: a full-KV decode step).
+  DraftPolicyOptions draft_policy;
   Compressor* compressor = nullptr;  // borrowed, attach()ed; nullptr: KV_comp is a full copy
   double ratio = 0.25;               // c, the kept fraction the compressor runs at
   int64_t prefill_chunk = 512;       // prompt tokens per request per forward
@@ -205,7 +209,10 @@ class DraftVerifyEngine {
   // ends the request: Generator's stop, length and context rules, in its order.
   void commit_token(EngineRequest& r, int32_t token, int64_t position);
   void fall_back_to_full(EngineRequest& r, const Status& why);
+  // The drafts r's next window takes: the policy's choice within the tokens left and the context.
   int64_t window_for(const EngineRequest& r) const;
+  // What r's forwards read, for the goodput policy's costs.
+  RequestReads reads_of(const EngineRequest& r) const;
   // The most drafts one window may take: x, or with a scheduler its window - 2.
   static int64_t max_window(const EngineOptions& options);
   // Scheduler: places r's next reload and verify (after prefill and after each verify).
@@ -237,6 +244,7 @@ class DraftVerifyEngine {
   PackedFormat packed_format_;
   std::optional<PackedPagePool> packed_pool_;
   Status quantizer_status_;  // why the quantizer cannot run (validate_options reports it)
+  DraftPolicy policy_;
 };
 
 }  // namespace vericache

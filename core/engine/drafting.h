@@ -17,4 +17,8 @@ namespace vericache {
 int32_t take_draft(const float* lossy, int64_t vocab, const SamplingParams& sampling, DraftSampling mode, Rng& rng,
                    std::vector<std::vector<float>>* draft_probs);
 
+// The draft's top probability on the compressed cache (the confidence policy's signal): the largest
+// entry of `q` when the draft was drawn from it, else the largest softmax probability of `lossy`.
+double draft_confidence(const float* lossy, int64_t vocab, const std::vector<float>* q);
+
 }  // namespace vericache

@@ -55,6 +55,7 @@ struct EngineRequest {
   int32_t pending = 0;    // the last committed token, at position `committed`, in no cache yet
   int64_t comp_end = 0;   // KV_comp accounts for every position below this
   int64_t window = 0;     // x of the current window
+  DraftPolicyState policy;  // its history under the draft policy
   std::vector<int32_t> drafts;
   std::vector<std::vector<float>> draft_probs;  // sampled drafts: q of each draft
   bool full_only = false;                       // no KV_comp (no compressor state either)

@@ -42,6 +42,10 @@ struct RequestMetrics {
   double mean_acceptance_length() const {
     return drafts > 0 ? 1.0 + static_cast<double>(accepted_tokens) / static_cast<double>(drafts) : 0.0;
   }
+  // Drafts per verify window, windows of none included: what an adaptive draft policy chose on average.
+  double mean_window() const {
+    return verify_windows > 0 ? static_cast<double>(draft_tokens) / static_cast<double>(verify_windows) : 0.0;
+  }
   double acceptance_rate() const {
     return draft_tokens > 0 ? static_cast<double>(accepted_tokens) / static_cast<double>(draft_tokens) : 0.0;
   }

@@ -29,7 +29,8 @@ VERICACHE = os.path.join(ROOT, "build", "vericache")
 
 
 def run(args):
-    cmd = [VERICACHE, "run", "--json", "--threads", "2"] + args
+    # Acceptance at each x: every window drafts x (run's default policy would adapt it).
+    cmd = [VERICACHE, "run", "--json", "--threads", "2", "--draft-policy", "fixed"] + args
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode not in (0, 1) or not done.stdout.strip():
         sys.exit(f"{' '.join(cmd)}\n{done.stderr.strip()}")

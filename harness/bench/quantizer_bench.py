@@ -6,8 +6,8 @@
     the prompts of results/acceptance_cpu_smollm2.md's token-dropping table (document_2k and the
     first --long-prompts long prompts), every run checked against full-KV decoding (mismatches 0);
   - mean per-step KL(p_full || p_quantized) along the full-KV greedy continuation of a --context-token
-    cut of the tokenizer corpus with --question, as results/acceptance_by_model_cpu.md measures the
-    token droppers (`vericache bench-acceptance --json`).
+    cut of the repository's prompt sets with --question, as results/acceptance_by_model_cpu.md measures
+    the token droppers (`vericache bench-acceptance --json`).
 
 RotateKV and KVQuant read a calibration file; one is made with `vericache calibrate --compressor NAME`
 into --calibration-dir/NAME_smollm2.json when it is missing.
@@ -16,14 +16,13 @@ Usage, from the repository root, after harness/setup.sh:
   python3 harness/bench/quantizer_bench.py [--quantizers kivi,rotatekv,kvquant] [--bits 2,4] [--draft-length 25]
 """
 import argparse
-import datetime
 import json
 import os
 import subprocess
 import sys
 
-from bench_prompts import lossless_prompts
-from results_file import check_destination, write_atomically
+from bench_prompts import datasets_text, lossless_prompts
+from results_file import check_destination, command_line, provenance, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERICACHE = os.path.join(ROOT, "build", "vericache")
@@ -51,6 +50,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "quantizers_cpu_smollm2.md"))
     args = ap.parse_args()
     check_destination(args.out)
+    prov = provenance(ROOT)  # before the run: the commit and tree the binaries were built from
+    kl_text = datasets_text()
     cases = lossless_prompts(args.long_prompts)
     extra = {}
     for name in ("rotatekv", "kvquant"):
@@ -69,7 +70,7 @@ def main():
             for prompt, path, chat in cases:
                 print(f"[quantizers] {name} {bits}-bit: {prompt}", file=sys.stderr)
                 r = vericache(["run", "--json", "--threads", "2", "--check", "--compressor", name, "--params", params,
-                               "-x", args.draft_length, "-f", path, "-n", args.max_tokens] +
+                               "--draft-policy", "fixed", "-x", args.draft_length, "-f", path, "-n", args.max_tokens] +
                               ([] if chat else ["--no-chat-template"]))[0]
                 drafts += r["drafts"]
                 accepted += r["accepted_tokens"]
@@ -81,23 +82,24 @@ def main():
             print(f"[quantizers] {name} {bits}-bit: KL at context {args.context}", file=sys.stderr)
             kl = vericache(["bench-acceptance", "--json", "--threads", "2", "--compressors", name, "--params",
                             f"{name}={params}", "--contexts", args.context, "--decode-tokens", args.max_tokens,
-                            "--draft-length", args.draft_length, "--question", args.question])[0]
+                            "--draft-length", args.draft_length, "--question", args.question,
+                            "--text-file", kl_text])[0]
             rows.append({"quantizer": name, "bits": int(bits), "resident_fraction": resident / full,
                          "mean_acceptance_length": 1 + accepted / drafts if drafts else 0.0,
                          "acceptance_rate": accepted / drafted if drafted else 0.0, "tokens": tokens,
                          "mismatches": mismatches + kl["mismatches"], "mean_kl": kl["mean_kl"],
                          "top1_agreement": kl["top1_agreement"], "kl_kept_fraction": kl["kept_fraction"],
                          "kl_acceptance_length": kl["mean_acceptance_length"]})
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     names = ", ".join(p for p, _, _ in cases)
     out = ["# Quantizers as drafters, SmolLM2-135M-Instruct on the CPU", "",
-           f"- command: `python3 harness/bench/quantizer_bench.py {' '.join(sys.argv[1:])}` at commit `{commit}` ({when})",
+           command_line(f"python3 harness/bench/quantizer_bench.py {' '.join(sys.argv[1:])}".strip(), prov),
+           f"- machine: {prov['cpu']}, 2 threads",
            f"- acceptance: `vericache run --check` over {names}, {args.max_tokens} tokens each, x = {args.draft_length}; "
            "resident: KV bytes held at the end (packed slots and the float residual) over the float32 cache's",
-           f"- KL: `vericache bench-acceptance` on a {args.context}-token cut of the tokenizer corpus with the question "
+           f"- KL: `vericache bench-acceptance` on a {args.context}-token cut of the repository's prompt sets (long_docs, "
+           f"long_code, code_tasks, function_calling joined; text the model has not memorized) with the question "
            f"'{args.question}', {args.max_tokens} steps teacher-forced along the full-KV greedy continuation (the "
-           "token droppers' numbers for the same prompt: results/acceptance_by_model_cpu.md, SmolLM2 2048 answer)",
+           "token droppers' numbers on the tokenizer corpus: results/acceptance_by_model_cpu.md, SmolLM2 2048 answer)",
            "- mismatches: tokens differing from full-KV decoding in every run (must be 0)", "",
            "| quantizer | bits | resident / full bytes | mean acceptance length | acceptance rate | tokens "
            f"| mean KL (nats/step, {args.context}) | top-1 agreement | acceptance length ({args.context}) | mismatches |",

@@ -71,3 +71,17 @@ def command_line(invocation, prov):
     """The markdown line naming the command, its commit and whether the tree was clean."""
     tree = "with uncommitted changes" if prov["dirty"] else "clean tree"
     return f"- command: `{invocation}` at commit `{prov['commit']}` ({tree}, {prov['date']})"
+
+
+if __name__ == "__main__":
+    # For the shell scripts, so every record states its provenance the same way:
+    #   results_file.py command-line INVOCATION [TARGET ...]   the command line (builds TARGETs first; vericache by default)
+    #   results_file.py cpu                                    the CPU's name
+    args = sys.argv[1:]
+    if args[:1] == ["cpu"] and len(args) == 1:
+        print(cpu_name())
+    elif args[:1] == ["command-line"] and len(args) >= 2:
+        root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+        print(command_line(args[1], provenance(root, tuple(args[2:]) or ("vericache",))))
+    else:
+        sys.exit("usage: results_file.py command-line INVOCATION [TARGET ...] | results_file.py cpu")

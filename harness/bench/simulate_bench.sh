@@ -7,12 +7,10 @@
 #   harness/bench/simulate_bench.sh            (after harness/setup.sh; builds vericache if stale)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cmake --build build --target vericache >/dev/null
 out=results/simulate_bench_cpu.md
-commit=$(git rev-parse --short HEAD)
-tree="clean tree"
-[[ -n "$(git status --porcelain --untracked-files=no -- . ':!results')" ]] && tree="with uncommitted changes"
-cpu=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')
+# Provenance as every benchmark records it (harness/bench/results_file.py; builds vericache first).
+command_line=$(python3 harness/bench/results_file.py command-line harness/bench/simulate_bench.sh vericache)
+cpu=$(python3 harness/bench/results_file.py cpu)
 runs=(
   "simulate --hardware gh200 --model-shape llama-3.1-8b --context 32000 -b 32 --requests 10000 --output-tokens 120 -c 0.2 -x 50 --alpha 0.95 --window 128"
   "simulate --hardware h200 --model-shape llama-3.1-8b --context 32000 -b 64 --requests 10000 --output-tokens 400 -c 0.2 -x 25 --alpha 0.95 --window 128"
@@ -20,7 +18,7 @@ runs=(
 {
   echo "# Simulator speed (CPU)"
   echo
-  echo "- command: \`harness/bench/simulate_bench.sh\` at commit \`$commit\` ($tree, $(date -u +%Y-%m-%dT%H:%M:%SZ))"
+  echo "$command_line"
   echo "- machine: $cpu, $(nproc) cores; the simulator runs on one thread"
   echo "- each block: the command, then its output; wall time from \`/usr/bin/time -f '%e s wall'\` (the whole"
   echo "  process, libtorch's start-up included). The issue asked for 10,000 requests over 100,000 iterations in under 10 s."

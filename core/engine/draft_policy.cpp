@@ -1,0 +1,148 @@
+#include "engine/draft_policy.h"
+
+#include <algorithm>
+
+namespace vericache {
+
+namespace {
+
+constexpr size_t kForwardHistory = 256;  // decode forwards the costs are fitted to
+constexpr int64_t kRefitEvery = 16;      // forwards between fits
+constexpr int64_t kMinReached = 8;       // windows a draft position needs for its own estimate
+constexpr int64_t kFirstTier = 4;        // tiers: where a request starts (or x if smaller)
+
+template <typename T>
+void push_bounded(std::deque<T>& q, T value, size_t bound) {
+  q.push_back(std::move(value));
+  while (q.size() > bound) q.pop_front();
+}
+
+// tiers: 1, 2, 4, ... below x, then x.
+std::vector<int64_t> tiers_up_to(int64_t max_drafts) {
+  std::vector<int64_t> tiers;
+  for (int64_t t = 1; t < max_drafts; t *= 2) tiers.push_back(t);
+  tiers.push_back(max_drafts);
+  return tiers;
+}
+
+}  // namespace
+
+const char* draft_policy_name(DraftPolicyKind kind) {
+  switch (kind) {
+    case DraftPolicyKind::kFixed: return "fixed";
+    case DraftPolicyKind::kConfidence: return "confidence";
+    case DraftPolicyKind::kTiers: return "tiers";
+    case DraftPolicyKind::kGoodput: return "goodput";
+  }
+  return "?";
+}
+
+std::optional<DraftPolicyKind> parse_draft_policy(std::string_view name) {
+  for (DraftPolicyKind k :
+       {DraftPolicyKind::kFixed, DraftPolicyKind::kConfidence, DraftPolicyKind::kTiers, DraftPolicyKind::kGoodput}) {
+    if (name == draft_policy_name(k)) return k;
+  }
+  return std::nullopt;
+}
+
+double WindowCosts::seconds(int64_t drafts) const {
+  const double drafting = static_cast<double>(drafts) * draft_step_s;
+  return drafting + std::max(copy_s - drafting, 0.0) + verify_s + static_cast<double>(drafts) * verify_row_s;
+}
+
+int64_t goodput_window(std::span<const double> alphas, const WindowCosts& costs, int64_t max_drafts) {
+  if (costs.seconds(0) <= 0 || alphas.empty()) return max_drafts;
+  int64_t best = 0;
+  double best_rate = 1.0 / costs.seconds(0);
+  double reach = 1, expected = 0;  // expected accepted drafts of a window of w (sim/acceptance_model.h)
+  for (int64_t w = 1; w <= max_drafts; ++w) {
+    reach *= alphas[std::min<size_t>(static_cast<size_t>(w - 1), alphas.size() - 1)];
+    expected += reach;
+    const double rate = (1.0 + expected) / costs.seconds(w);
+    if (rate > best_rate) {
+      best_rate = rate;
+      best = w;
+    }
+  }
+  return best;
+}
+
+DraftPolicy::DraftPolicy(DraftPolicyOptions options, int64_t max_drafts, double weight_bytes)
+    : options_(options), max_drafts_(std::max<int64_t>(max_drafts, 1)), weight_bytes_(weight_bytes) {}
+
+int64_t DraftPolicy::next_window(const DraftPolicyState& state, const RequestReads& reads) const {
+  const std::vector<int64_t>& scripted = options_.test_windows;
+  if (!scripted.empty()) return scripted[static_cast<size_t>(state.windows_seen) % scripted.size()];
+  switch (options_.kind) {
+    case DraftPolicyKind::kFixed:
+    case DraftPolicyKind::kConfidence: return max_drafts_;
+    case DraftPolicyKind::kTiers: return state.tier > 0 ? state.tier : std::min(kFirstTier, max_drafts_);
+    case DraftPolicyKind::kGoodput: return goodput_next(state, reads);
+  }
+  return max_drafts_;
+}
+
+bool DraftPolicy::stops_window(double top_probability) const {
+  return options_.kind == DraftPolicyKind::kConfidence && top_probability < options_.min_confidence;
+}
+
+void DraftPolicy::observe_window(DraftPolicyState& state, int64_t drafted, int64_t accepted) {
+  ++state.windows_seen;
+  if (drafted == 0) {
+    ++state.tokens_since_draft;
+    return;
+  }
+  state.tokens_since_draft = 0;
+  const sim::WindowSample w{drafted, accepted};
+  push_bounded(state.windows, w, static_cast<size_t>(std::max<int64_t>(options_.own_windows, 1)));
+  push_bounded(recent_windows_, w, static_cast<size_t>(std::max<int64_t>(options_.prior_windows, 1)));
+  if (options_.kind != DraftPolicyKind::kTiers) return;
+  const double rate = static_cast<double>(accepted) / static_cast<double>(drafted);
+  const double s = options_.tier_smoothing;
+  state.acceptance_average = state.acceptance_average < 0 ? rate : s * rate + (1 - s) * state.acceptance_average;
+  const std::vector<int64_t> tiers = tiers_up_to(max_drafts_);
+  const int64_t current = state.tier > 0 ? state.tier : std::min(kFirstTier, max_drafts_);
+  auto at = std::lower_bound(tiers.begin(), tiers.end(), current);
+  if (at == tiers.end()) --at;
+  if (state.acceptance_average >= options_.tier_up && at + 1 != tiers.end()) ++at;
+  else if (state.acceptance_average < options_.tier_down && at != tiers.begin()) --at;
+  state.tier = *at;
+}
+
+void DraftPolicy::observe_forward(int64_t items, int64_t further_rows, double cache_bytes, double seconds) {
+  if (items <= 0 || seconds <= 0) return;
+  push_bounded(forwards_,
+               sim::ForwardSample{static_cast<double>(items), static_cast<double>(further_rows),
+                                  weight_bytes_ + cache_bytes, seconds, 1.0},
+               kForwardHistory);
+  items_per_forward_ = static_cast<double>(items);
+  if (++forwards_since_fit_ < kRefitEvery) return;
+  forwards_since_fit_ = 0;
+  costs_ = sim::fit_forward_costs(std::vector<sim::ForwardSample>(forwards_.begin(), forwards_.end()));
+  fitted_ = costs_.request_s > 0 || costs_.row_s > 0 || costs_.seconds_per_byte > 0;
+}
+
+WindowCosts DraftPolicy::costs_for(const RequestReads& reads) const {
+  if (!fitted_) return {};
+  const double weights_share = weight_bytes_ / items_per_forward_;
+  WindowCosts c;
+  c.draft_step_s = costs_.request_s + costs_.seconds_per_byte * (weights_share + reads.comp_bytes);
+  c.verify_s = costs_.request_s + costs_.seconds_per_byte * (weights_share + reads.full_bytes);
+  c.verify_row_s = costs_.row_s;
+  if (reads.transfer && link_bytes_per_second_ > 0) c.copy_s = reads.full_bytes / link_bytes_per_second_;
+  return c;
+}
+
+int64_t DraftPolicy::goodput_next(const DraftPolicyState& state, const RequestReads& reads) const {
+  if (!fitted_) return max_drafts_;
+  std::vector<sim::WindowSample> windows(state.windows.begin(), state.windows.end());
+  windows.insert(windows.end(), recent_windows_.begin(), recent_windows_.end());
+  const int64_t probe = std::min(options_.probe_length, max_drafts_);
+  if (windows.empty()) return probe;
+  Result<std::vector<double>> alphas = sim::acceptance_by_position(windows, kMinReached);
+  if (!alphas.ok()) return probe;
+  const int64_t w = goodput_window(*alphas, costs_for(reads), max_drafts_);
+  return w == 0 && state.tokens_since_draft >= options_.probe_every ? probe : w;
+}
+
+}  // namespace vericache

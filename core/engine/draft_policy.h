@@ -1,0 +1,132 @@
+// How many tokens each verify window drafts: the engine's draft policy (EngineOptions::draft_policy).
+// x below is EngineOptions::draft_length, the longest window any policy drafts.
+//
+//   fixed       every window drafts x tokens.
+//   confidence  drafts up to x and stops a window early at the first draft whose top probability on
+//               the compressed cache is below `min_confidence`; that draft is dropped (as llama.cpp's
+//               --draft-p-min). The top probability is the compressed distribution's: at T = 0 the
+//               softmax of the logits, at T > 0 the sampling distribution q the draft came from.
+//   tiers       the window moves through tiers 1, 2, 4, ..., x by a moving average of the request's
+//               acceptance rate (accepted / drafted per window, smoothing `tier_smoothing`): one
+//               tier up when the average is at least `tier_up`, one down when it is below
+//               `tier_down` (in the manner of SGLang's adaptive speculation). It never stops drafting.
+//   goodput     the window in 0..x with the most expected committed tokens per second for this
+//               request: (1 + E[accepted drafts]) / seconds(window). Acceptance by draft position is
+//               estimated (sim/acceptance_model.h) from the request's own recent windows together
+//               with the engine's recent windows of all requests (the prior; it alone decides a
+//               request's first window). Seconds come from forward costs fitted online
+//               (sim/forward_cost_fit.h) to the engine's recent decode forwards (draft and verify
+//               forwards, no prefill): each request's share of a forward is its item, its further
+//               rows, its cache's bytes and an equal share of the weights. Transfer mode adds the
+//               KV_full copy beyond what the drafting hides, at the link's measured rate. Window 0
+//               decodes one token on KV_full: on the CPU in place, plain full-KV decoding. A request
+//               at 0 drafts a probe window of `probe_length` after `probe_every` such tokens, so it
+//               can come back to drafting. Until enough forwards were seen to fit costs, windows are x.
+//
+// Losslessness does not depend on the policy: a window's length (and a confidence stop) is chosen
+// from what was verified before it and from the drafts themselves, never from the full-KV rows
+// that verify it, so greedy output stays identical and the accepted tokens keep the target
+// distribution (the rejection-sampling argument holds for any such stopping rule).
+//
+// Thread-safety: the engine thread only. DraftPolicy keeps engine-wide history; DraftPolicyState
+// is one request's.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sim/acceptance_model.h"
+#include "sim/forward_cost_fit.h"
+
+namespace vericache {
+
+enum class DraftPolicyKind { kFixed, kConfidence, kTiers, kGoodput };
+const char* draft_policy_name(DraftPolicyKind kind);  // "fixed", "confidence", "tiers", "goodput"
+std::optional<DraftPolicyKind> parse_draft_policy(std::string_view name);
+inline constexpr const char* kDraftPolicyNames = "fixed|confidence|tiers|goodput";
+
+struct DraftPolicyOptions {
+  DraftPolicyKind kind = DraftPolicyKind::kFixed;
+  double min_confidence = 0.5;  // confidence
+  double tier_up = 0.8;         // tiers
+  double tier_down = 0.4;
+  double tier_smoothing = 0.3;  // weight of the newest window in the moving average
+  int64_t probe_every = 16;     // goodput: tokens decoded on KV_full before a probe window
+  int64_t probe_length = 4;
+  int64_t own_windows = 32;    // goodput: a request's most recent windows it estimates from
+  int64_t prior_windows = 32;  // goodput: the engine's most recent windows, the prior
+  // Test-only: when non-empty, a request's window i drafts test_windows[i % size] (before the
+  // engine's limits) whatever the policy, so tests can make windows of 0 and uneven lengths.
+  std::vector<int64_t> test_windows;
+};
+
+// The seconds a window of `drafts` tokens costs one request (its share of each forward).
+struct WindowCosts {
+  double draft_step_s = 0;  // one draft forward on KV_comp
+  double verify_s = 0;      // a verify forward of one row on KV_full (window 0: a full-KV decode step)
+  double verify_row_s = 0;  // each further row of the verify forward
+  double copy_s = 0;        // transfer mode: copying KV_full, overlapped with the drafting
+  double seconds(int64_t drafts) const;
+};
+
+// The window in [0, max_drafts] with the most expected committed tokens per second,
+// (1 + expected_accepted_by_position(alphas, w)) / costs.seconds(w); ties go to the shorter window.
+// max_drafts when every cost is 0 (nothing fitted).
+int64_t goodput_window(std::span<const double> alphas, const WindowCosts& costs, int64_t max_drafts);
+
+// One request's history under the policy.
+struct DraftPolicyState {
+  std::deque<sim::WindowSample> windows;  // its recent windows that drafted
+  double acceptance_average = -1;         // tiers: < 0 before its first window
+  int64_t tier = 0;                       // tiers: the current window; 0 before the first (then 4, or x if smaller)
+  int64_t tokens_since_draft = 0;         // goodput: windows of 0 drafts since the last that drafted
+  int64_t windows_seen = 0;               // every verified window
+};
+
+// What a request's forwards read, for its share of the fitted costs.
+struct RequestReads {
+  double comp_bytes = 0;  // KV_comp
+  double full_bytes = 0;  // KV_full
+  bool transfer = false;  // verification copies KV_full first
+};
+
+class DraftPolicy {
+ public:
+  // `max_drafts`: x. `weight_bytes`: what one forward reads of the model's weights.
+  DraftPolicy(DraftPolicyOptions options, int64_t max_drafts, double weight_bytes);
+
+  const DraftPolicyOptions& options() const { return options_; }
+  // The request's next window, before the engine's own limits (tokens left, context).
+  int64_t next_window(const DraftPolicyState& state, const RequestReads& reads) const;
+  // Confidence: whether a draft with this top probability ends its window (and is dropped).
+  bool stops_window(double top_probability) const;
+  // A verified window of the request.
+  void observe_window(DraftPolicyState& state, int64_t drafted, int64_t accepted);
+  // A decode forward: its items, its rows beyond each item's first, the cache bytes it read and its seconds.
+  void observe_forward(int64_t items, int64_t further_rows, double cache_bytes, double seconds);
+  // Transfer mode: the link's measured rate (bytes per second; 0: unknown).
+  void observe_link(double bytes_per_second) { link_bytes_per_second_ = bytes_per_second; }
+  // The costs a window of this request is judged by (all 0 while nothing is fitted).
+  WindowCosts costs_for(const RequestReads& reads) const;
+
+ private:
+  int64_t goodput_next(const DraftPolicyState& state, const RequestReads& reads) const;
+
+  DraftPolicyOptions options_;
+  int64_t max_drafts_;
+  double weight_bytes_;
+  std::deque<sim::WindowSample> recent_windows_;  // every request's, newest last
+  std::deque<sim::ForwardSample> forwards_;       // newest last
+  int64_t forwards_since_fit_ = 0;
+  sim::ForwardCosts costs_;
+  bool fitted_ = false;
+  double items_per_forward_ = 1;  // of the most recent decode forward: the weights' share
+  double link_bytes_per_second_ = 0;
+};
+
+}  // namespace vericache
