@@ -38,12 +38,12 @@ TEST(EngineDistribution, SampledOutputFollowsTheFullKvDistribution) {
 }
 
 // Windows of uneven length chosen per request: a scripted 1, 0, 2 drafts (0: a token decoded on the
-// full cache) under the confidence policy, which also stops windows at drafts below p = 0.3.
+// full cache) under the confidence policy, which also stops windows at drafts below p = 0.1.
 TEST(EngineDistribution, AdaptiveWindowsKeepTheDistribution) {
   ASSERT_NE(testing::default_model(), nullptr);
   DraftPolicyOptions policy;
   policy.kind = DraftPolicyKind::kConfidence;
-  policy.min_confidence = 0.3;
+  policy.min_confidence = 0.1;
   policy.test_windows = {1, 0, 2};
   const double t1 = 1.0;
   for (const auto& r : check().run(kTokenDropper, DraftSampling::kSampled, {&t1, 1}, {}, policy))

@@ -42,7 +42,9 @@ EngineRun run_engine(const LlamaModel& m, const EngineOptions& options, const st
   }
   std::sort(run.results.begin(), run.results.end(),
             [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
-  EXPECT_EQ(pools->device.num_free(), pools->device.num_pages()) << "pages leaked";
+  for (PageKind kind : {PageKind::kResident, PageKind::kTransient}) {
+    EXPECT_EQ(pools->device.num_free(kind), pools->device.num_pages(kind)) << "pages leaked";
+  }
   EXPECT_EQ(pools->host.num_free(), pools->host.num_pages()) << "pages leaked";
   return run;
 }
