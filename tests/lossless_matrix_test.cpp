@@ -6,6 +6,9 @@
 //   VERICACHE_MATRIX_FROM     first prompt (default 0; a multiple of 8, so groups stay the same)
 //   VERICACHE_MATRIX_PROMPTS  how many prompts from there (default: all the rest; 0 only rewrites the
 //                             table from the recorded groups)
+//   VERICACHE_MATRIX_DRAFT_POLICY  the engine's draft policy (engine/draft_policy.h; default fixed): under
+//                             an adaptive one, x is each window's most (goodput also decodes on the
+//                             full cache, x = 0, and probes)
 //   VERICACHE_MATRIX_OUT      a markdown table (results/....md). Each finished group of 8 prompts is
 //                             also recorded in the JSON file beside it (same name, .json), replacing
 //                             an earlier record of the same prompts; the table sums every recorded
@@ -32,6 +35,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -58,6 +62,14 @@ struct Prefilled {
   std::vector<float> next_logits;
   std::map<std::string, std::vector<std::vector<at::Tensor>>> kept;  // plugin -> [ratio] kept set
 };
+
+// VERICACHE_MATRIX_DRAFT_POLICY, or fixed.
+DraftPolicyKind matrix_draft_policy() {
+  const char* env = std::getenv("VERICACHE_MATRIX_DRAFT_POLICY");
+  const std::optional<DraftPolicyKind> kind = parse_draft_policy(env != nullptr && *env != '\0' ? env : "fixed");
+  EXPECT_TRUE(kind.has_value()) << "VERICACHE_MATRIX_DRAFT_POLICY must be one of " << kDraftPolicyNames;
+  return kind.value_or(DraftPolicyKind::kFixed);
+}
 
 struct CaseResult {
   int64_t requests = 0, mismatched = 0, drafts = 0, accepted = 0, drafted = 0;
@@ -171,7 +183,8 @@ void record_group(const std::string& path, size_t g0, size_t g1, double seconds,
   for (const nlohmann::json& g : record.at("groups"))
     if (g.at("first") != g0) groups.push_back(g);
   groups.push_back({{"first", g0}, {"end", g1}, {"commit", source_commit()}, {"date", today()},
-                    {"seconds", std::round(seconds)}, {"cpu", cpu_name()}, {"cases", cases}});
+                    {"seconds", std::round(seconds)}, {"cpu", cpu_name()},
+                    {"draft_policy", draft_policy_name(matrix_draft_policy())}, {"cases", cases}});
   std::sort(groups.begin(), groups.end(),
             [](const nlohmann::json& a, const nlohmann::json& b) { return a.at("first") < b.at("first"); });
   record["groups"] = groups;
@@ -195,6 +208,7 @@ std::string matrix_markdown(const nlohmann::json& record, const std::string& md_
                    g.at("commit").get<std::string>() + "`, " + g.at("date").get<std::string>() + ", " +
                    std::to_string(static_cast<int64_t>(g.at("seconds").get<double>())) + " s" +
                    (g.contains("cpu") ? " on " + g.at("cpu").get<std::string>() : "") +
+                   ", draft policy " + g.value("draft_policy", std::string("fixed")) +
                    (g.contains("note") ? " (" + g.at("note").get<std::string>() + ")" : "") + "\n";
     for (const nlohmann::json& c : g.at("cases")) {
       CaseResult& r = sum[c.at("compressor")][c.at("ratio")][c.at("draft_length")][c.at("batch")];
@@ -238,15 +252,21 @@ std::string matrix_markdown(const nlohmann::json& record, const std::string& md_
          "itself. KV_comp keeps "
          "verified K/V at (c, x) = (0.1, 1), (0.1, 16), (0.25, 4), (0.25, 32), (0.5, 1), (0.5, 16), drafted K/V "
          "at the others\n";
-  std::set<std::string> commits;
-  for (const nlohmann::json& g : record.at("groups")) commits.insert(g.at("commit").get<std::string>());
-  if (prompts == total_prompts && commits.size() == 1) {
+  std::set<std::string> commits, policies;
+  for (const nlohmann::json& g : record.at("groups")) {
+    commits.insert(g.at("commit").get<std::string>());
+    policies.insert(g.value("draft_policy", std::string("fixed")));
+  }
+  if (policies.size() == 1 && *policies.begin() != "fixed") {
+    out += "- draft policy **" + *policies.begin() + "**: x is each window's most, not every window's length\n";
+  }
+  if (prompts == total_prompts && commits.size() == 1 && policies.size() == 1) {
     out += "- **the whole matrix at one commit**, `" + *commits.begin() + "`: all " + std::to_string(prompts) +
            " prompts, " + std::to_string(static_cast<int64_t>(seconds)) +
            " s of wall time in all (`harness/bench/lossless_matrix.sh`)\n";
   } else {
     out += "- not one run: " + std::to_string(prompts) + " of " + std::to_string(total_prompts) + " prompts, " +
-           std::to_string(commits.size()) + " commits\n";
+           std::to_string(commits.size()) + " commits, " + std::to_string(policies.size()) + " draft policies\n";
   }
   out += "- groups (machine: 2 cores):\n" + groups_text;
   out += "- total: " + std::to_string(cases) + " cases, " + std::to_string(requests) + " requests, " +
@@ -278,6 +298,8 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
     if (plugins[name]->mode() == CompressionMode::kOffline) offline.push_back(name);
   }
   source_commit();  // read now, before a long run
+  matrix_draft_policy();  // a bad VERICACHE_MATRIX_DRAFT_POLICY fails now, not after the first group
+  if (HasFailure()) return;
   const auto start = std::chrono::steady_clock::now();
   const int64_t layers = m->config().n_layers;
 
@@ -348,6 +370,7 @@ TEST(LosslessMatrix, EveryPromptPluginRatioDraftLengthAndBatch) {
           options.ratio = kRatios[ri];
           options.draft_length = x;
           options.draft_kv = draft_kv_for(ri, xi);
+          options.draft_policy.kind = matrix_draft_policy();
           std::vector<const Prefilled*> all;
           for (const Prefilled& p : prefilled) all.push_back(&p);
           // Batch 8: the group in one engine, through the engine's own prefill and compression when
