@@ -1,13 +1,15 @@
 // The draft–verify engine under each draft policy (engine/draft_policy.h): greedy output identical
 // to full-KV decoding whatever length each window takes — fixed, confidence stops, tiers, goodput,
 // and scripted windows of 0 (a token decoded on the full cache) and uneven lengths, verified in
-// place and from transient copies, with verified and drafted K/V. The decisions themselves are
+// place and from transient copies, with verified and drafted K/V, and under the reload scheduler,
+// which plans each request's verify at its policy's window. The decisions themselves are
 // draft_policy_test.cpp's; the sampled distribution under adaptive windows is
 // engine_distribution_test.cpp's (AdaptiveWindowsKeepTheDistribution).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -103,25 +105,50 @@ TEST(DraftPolicies, WindowsOfNoneAndUnevenLengthsAreLossless) {
   }
 }
 
-// Not yet: the reload scheduler plans every window at its draft length.
-TEST(DraftPolicies, AdaptivePoliciesAreRefusedWithAScheduler) {
+// Under the reload scheduler the policy's window is where each request's verify is planned: scripted
+// windows of 0, 2, 0 and 6 drafts (staggered, W = 16, a 4 GB/s emulated link) stay lossless, and the
+// planned windows really differ (windows of several lengths were verified).
+TEST(DraftPolicies, TheSchedulerPlansEachRequestsWindow) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
-  auto device = m->make_page_pool(16, 10);
-  auto host = m->make_page_pool(16, 10);
+  const std::vector<GenerationRequest> requests = medium_requests(*m, 16, 24);
+  auto compressor = testing::bundled_compressor("snapkv", testing::params_for("snapkv"), *m);
+  ASSERT_NE(compressor, nullptr);
+  TransferEngine transfer(TransferOptions{4e9});
   sched::ReloadSchedulerOptions so;
+  so.window = 16;
   so.draft_length = 8;
-  so.iteration_seconds = 0.01;
-  so.link_bandwidth = 1e9;
+  so.iteration_seconds = 0.02;
+  so.link_bandwidth = 4e9;
+  so.memory_capacity_bytes = 1e12;
   sched::ReloadScheduler scheduler(so);
   EngineOptions options;
+  options.compressor = compressor.get();
   options.draft_length = 8;
+  options.transfer = &transfer;
   options.scheduler = &scheduler;
-  options.draft_policy = policy(DraftPolicyKind::kGoodput);
-  EXPECT_EQ(DraftVerifyEngine(*m, *device, *host, options).validate_options().message(),
-            "draft policy 'goodput' with a reload scheduler: the scheduler plans fixed windows; use 'fixed'");
-  options.draft_policy = policy(DraftPolicyKind::kFixed);
-  EXPECT_TRUE(DraftVerifyEngine(*m, *device, *host, options).validate_options().ok());
+  options.draft_policy = policy(DraftPolicyKind::kGoodput, {0, 2, 0, 6});
+  const auto all = DraftVerifyEngine::pages_for_requests(*m, options, 16, 16, requests);
+  auto device =
+      PagePool::create(m->kv_page_spec(16), PagePoolOptions{all.device, all.transient, at::kFloat, at::kCPU, false});
+  auto host = m->make_page_pool(16, all.host);
+  ASSERT_TRUE(device.ok() && host.ok());
+  testing::EngineRun run;
+  {
+    DraftVerifyEngine engine(*m, *device, *host, options);
+    ASSERT_TRUE(engine.validate_options().ok());
+    for (const auto& r : requests) ASSERT_TRUE(engine.add_request(r).ok());
+    const Status s = engine.run();
+    ASSERT_TRUE(s.ok()) << s.message();
+    run.results = engine.take_finished();
+    run.totals = engine.totals();
+  }
+  std::sort(run.results.begin(), run.results.end(), [](const auto& a, const auto& b) { return a.request_id < b.request_id; });
+  testing::expect_identical(run, testing::full_kv(*m, requests), "staggered, scripted windows");
+  EXPECT_EQ(device->num_free(PageKind::kTransient), all.transient);
+  // Windows planned at 6 drafts reach position 6; those planned at 0 or 2 end sooner.
+  ASSERT_GE(run.totals.drafted_per_position.size(), 6u);
+  EXPECT_LT(run.totals.drafted_per_position[5], run.totals.drafted_per_position[0]);
 }
 
 }  // namespace

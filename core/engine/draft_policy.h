@@ -23,6 +23,11 @@
 //               at 0 drafts a probe window of `probe_length` after `probe_every` such tokens, so it
 //               can come back to drafting. Until enough forwards were seen to fit costs, windows are x.
 //
+// With a reload scheduler (EngineOptions::scheduler) the policy's window is the draft count the
+// scheduler plans the request's verify at; the request drafts until that verify is due (a reload
+// longer than the window keeps it drafting while the copy runs). The confidence stop does not apply
+// there: the scheduler, not the drafts, ends a window.
+//
 // Losslessness does not depend on the policy: a window's length (and a confidence stop) is chosen
 // from what was verified before it and from the drafts themselves, never from the full-KV rows
 // that verify it, so greedy output stays identical and the accepted tokens keep the target

@@ -61,10 +61,6 @@ Status DraftVerifyEngine::validate_options() const {
   }
   if (options_.prefill_chunk < 1) return Status::invalid_argument("prefill chunk must be >= 1");
   const DraftPolicyOptions& p = options_.draft_policy;
-  if (p.kind != DraftPolicyKind::kFixed && options_.scheduler != nullptr) {
-    return Status::not_supported(std::string("draft policy '") + draft_policy_name(p.kind) +
-                                 "' with a reload scheduler: the scheduler plans fixed windows; use 'fixed'");
-  }
   if (!(p.min_confidence >= 0 && p.min_confidence <= 1)) {
     return Status::invalid_argument("the confidence policy's minimum probability must be in [0, 1], got " +
                                     std::to_string(p.min_confidence));
@@ -124,10 +120,12 @@ int64_t DraftVerifyEngine::max_window(const EngineOptions& options) {
 
 void DraftVerifyEngine::schedule(EngineRequest& r) {
   if (options_.scheduler == nullptr || r.done) return;
-  // What the copy takes: transient pages for KV_full and the window (start_transfer's reservation).
-  const int64_t pages = r.full.n_layers() * device_pool_.spec().pages_for(r.committed + window_for(r) + 1);
-  const Status s =
-      options_.scheduler->admit(r.id, static_cast<double>(pages * device_pool_.page_bytes()), window_for(r));
+  // What the copy takes: transient pages for KV_full and the longest window (start_transfer's
+  // reservation). The verify is planned at the draft policy's window for this request.
+  const int64_t longest = window_for(r);
+  const int64_t pages = r.full.n_layers() * device_pool_.spec().pages_for(r.committed + longest + 1);
+  const int64_t planned = std::min(longest, policy_.next_window(r.policy, reads_of(r)));
+  const Status s = options_.scheduler->admit(r.id, static_cast<double>(pages * device_pool_.page_bytes()), planned);
   if (!s.ok() && scheduler_status_.ok()) scheduler_status_ = s;
 }
 
@@ -416,8 +414,9 @@ Status DraftVerifyEngine::run_forward(std::vector<EngineRequest*>& members, doub
       }
       r.drafts.push_back(take_draft(lossy, vocab, r.req.sampling, options_.draft_sampling, r.draft_rng, &r.draft_probs));
       r.comp_end = r.committed + static_cast<int64_t>(r.drafts.size());
-      if (options_.draft_policy.kind == DraftPolicyKind::kConfidence &&
-          policy_.stops_window(draft_confidence(lossy, vocab, r.draft_probs.size() == r.drafts.size() ? &r.draft_probs.back() : nullptr))) {
+      const std::vector<float>* q = r.draft_probs.size() == r.drafts.size() ? &r.draft_probs.back() : nullptr;
+      if (options_.scheduler == nullptr && options_.draft_policy.kind == DraftPolicyKind::kConfidence &&
+          policy_.stops_window(draft_confidence(lossy, vocab, q))) {
         // A low-confidence draft ends the window and is dropped; the K/V this forward wrote is its
         // input's (the previous draft or the pending token), so comp_end stays.
         r.drafts.pop_back();

@@ -28,7 +28,8 @@
 // drafts and (transfer mode) its copy starts when the window starts. With a sched::ReloadScheduler
 // (EngineOptions::scheduler) the scheduler decides both, under its policy (staggered, lockstep,
 // no-overlap): after a request's prefill and after each verify the engine asks it to place the
-// request's next reload (the bytes of the transient pages the copy takes); each step is one
+// request's next reload (the bytes of the transient pages the copy takes) and its verify, at the
+// draft policy's window for that request (EngineOptions::draft_policy); each step is one
 // scheduler iteration, whose events start copies and mark verifies due. A request drafts until its
 // verify is due (at most the scheduler's window - 2 drafts, or fewer near its token limit, then it
 // waits); a due verify whose copy is still in flight holds the whole step back (a stall, reported
