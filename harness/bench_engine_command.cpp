@@ -29,7 +29,8 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 
 int run_bench_engine(int argc, char** argv) {
-  std::string model_arg, text_file, contexts_arg, batches_arg, compressors_arg, drafts_arg, policies_arg;
+  std::string model_arg, text_file, contexts_arg, batches_arg, compressors_arg, drafts_arg, policies_arg,
+      adaptive_drafts_arg;
   DraftPolicyArgs policy_args;
   std::vector<std::string> params_args;
   int64_t decode_tokens = 64, page_size = 16, prefill_chunk = 512;
@@ -56,11 +57,12 @@ int run_bench_engine(int argc, char** argv) {
     ("params", po::value(&params_args)->composing(),
      "NAME=JSON: parameters of one compressor, e.g. kvzip='{\"chunk_size\": 128}' (repeatable)")
     ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c")
-    ("draft-lengths", po::value(&drafts_arg)->default_value("8,16,25"),
-     "comma-separated draft lengths x (under an adaptive policy: the longest window)")
+    ("draft-lengths", po::value(&drafts_arg)->default_value("8,16,25"), "comma-separated draft lengths x of the fixed policy")
     ("draft-policies", po::value(&policies_arg)->default_value("fixed"),
-     "comma-separated draft policies, each run at every draft length: fixed, confidence, tiers, goodput "
-     "(vericache run --help says what each does)")
+     "comma-separated draft policies: fixed (at every --draft-lengths), confidence, tiers, goodput (at every "
+     "--adaptive-draft-lengths; vericache run --help says what each does)")
+    ("adaptive-draft-lengths", po::value(&adaptive_drafts_arg)->default_value("16"),
+     "comma-separated longest windows the adaptive policies run at")
     ("draft-p-min", po::value(&policy_args.min_confidence)->default_value(policy_args.min_confidence),
      "the confidence policy's threshold")
     ("decode-tokens", po::value(&decode_tokens)->default_value(64), "tokens generated per request (EOS ignored)")
@@ -76,7 +78,7 @@ int run_bench_engine(int argc, char** argv) {
                                      {{"decode-tokens", 2, 1 << 20}, kRatioRange, kThreadsRange, kPageSizeRange,
                                       kPrefillChunkRange, {"draft-p-min", 0, 1}}))
     return *done;
-  std::vector<int64_t> contexts, batches, drafts;
+  std::vector<int64_t> contexts, batches, drafts, adaptive_drafts;
   std::vector<DraftPolicyOptions> policies;
   for (size_t begin = 0; begin <= policies_arg.size();) {
     const size_t end = std::min(policies_arg.find(',', begin), policies_arg.size());
@@ -92,6 +94,7 @@ int run_bench_engine(int argc, char** argv) {
     contexts = parse_positive_list(contexts_arg, "contexts", kMaxContextLength);
     batches = parse_positive_list(batches_arg, "batches", 4096);
     drafts = parse_positive_list(drafts_arg, "draft-lengths", 256);
+    adaptive_drafts = parse_positive_list(adaptive_drafts_arg, "adaptive-draft-lengths", 256);
   } catch (const po::error& e) {
     return report_usage_error("bench-engine", e.what());
   }
@@ -103,7 +106,13 @@ int run_bench_engine(int argc, char** argv) {
   auto compressors = load_offline_compressors(compressors_arg, params_args, m);
   if (!compressors.ok()) return report_status("bench-engine", compressors.status());
   // Every context is checked before the first one runs, so a bad one fails in seconds, not after hours.
-  const int64_t longest_x = *std::max_element(drafts.begin(), drafts.end());
+  // (policy, x) in the order they run: fixed at each draft length, the others at each adaptive one.
+  std::vector<std::pair<DraftPolicyOptions, int64_t>> runs;
+  for (const DraftPolicyOptions& p : policies) {
+    for (int64_t x : p.kind == DraftPolicyKind::kFixed ? drafts : adaptive_drafts) runs.emplace_back(p, x);
+  }
+  int64_t longest_x = 0;
+  for (const auto& [p, x] : runs) longest_x = std::max(longest_x, x);
   if (Status s = check_contexts_fit(m, contexts, decode_tokens, longest_x + 1); !s.ok()) {
     return report_status("bench-engine", s);
   }
@@ -168,9 +177,7 @@ int run_bench_engine(int argc, char** argv) {
       const double baseline_tok_s = full->tok_s();
 
       for (size_t c = 0; c < compressors->size(); ++c) {
-        for (size_t pi = 0; pi < policies.size() * drafts.size(); ++pi) {
-          const DraftPolicyOptions& policy = policies[pi / drafts.size()];
-          const int64_t x = drafts[pi % drafts.size()];
+        for (const auto& [policy, x] : runs) {
           const char* policy_name = draft_policy_name(policy.kind);
           std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: %s, %s, x = %lld\n",
                        static_cast<long long>(context), static_cast<long long>(batch), (*compressors)[c]->name().c_str(),

@@ -6,7 +6,8 @@ has its own prompt, the next stretch of `context` tokens of the four built promp
 long_docs, long_code, code_tasks, function_calling: text the model has not memorized), prefilled once
 and compressed once per compressor; they decode greedily with full-KV decoding (the baseline) and
 with VeriCache (draft on the compressed cache, verify in place on the full one) for each draft
-length x. `--same-prompt` copies one prompt to every request instead (and the table says so). Every VeriCache run is checked token for token against the baseline ("mismatches").
+policy: fixed at each draft length x, the adaptive ones (confidence, tiers, goodput; engine/draft_policy.h)
+at each --adaptive-draft-lengths (their longest window). `--same-prompt` copies one prompt to every request instead (and the table says so). Every VeriCache run is checked token for token against the baseline ("mismatches").
 Reports tokens/s of both, the speedup, the mean acceptance length (vLLM's: 1 + accepted / drafts),
 the acceptance rate, and what one draft step and one verify step cost in full-KV decode steps.
 
@@ -14,6 +15,7 @@ Writes results/engine_cpu_smollm2.md and .json (or --out). Usage, from the repos
 harness/setup.sh:
   python3 harness/bench/engine_bench.py [--contexts 2048,8000] [--batches 1,8] [--compressors kvzip,snapkv]
                                        [--draft-lengths 8,16,25] [--decode-tokens 64]
+                                       [--draft-policies fixed,confidence,tiers,goodput] [--adaptive-draft-lengths 16]
 """
 import argparse
 import json
@@ -34,6 +36,8 @@ def main():
     ap.add_argument("--compressors", default="kvzip,snapkv")
     ap.add_argument("--ratio", default="0.25")
     ap.add_argument("--draft-lengths", default="8,16,25")
+    ap.add_argument("--draft-policies", default="fixed")
+    ap.add_argument("--adaptive-draft-lengths", default="16")
     ap.add_argument("--decode-tokens", default="64")
     ap.add_argument("--threads", default="2")
     ap.add_argument("--same-prompt", action="store_true", help="every request decodes a copy of one prompt")
@@ -45,6 +49,7 @@ def main():
     prov = provenance(ROOT)  # before the run: what is measured is the tree of now
     cmd = [VERICACHE, "bench-engine", "--json", "--contexts", args.contexts, "--batches", args.batches,
            "--compressors", args.compressors, "--ratio", args.ratio, "--draft-lengths", args.draft_lengths,
+           "--draft-policies", args.draft_policies, "--adaptive-draft-lengths", args.adaptive_draft_lengths,
            "--decode-tokens", args.decode_tokens, "--threads", args.threads] + (["--same-prompt"] if args.same_prompt else [])
     for p in args.params:
         cmd += ["--params", p]
@@ -72,13 +77,18 @@ def main():
         "- mean acceptance length: 1 + accepted / drafts (vLLM's definition, the correction or bonus token "
         "included); acceptance rate: accepted / drafted",
         "- verify cost: one step carrying the verify windows, in full-KV decode steps; draft step likewise",
+        "- policy: fixed drafts x every window; under an adaptive policy x is the longest window, drafts per window "
+        "is what it chose on average (windows of none included) and windows of none are tokens decoded on the full "
+        "cache (goodput's fallback, or a confidence stop at the first draft)",
         "",
-        "| context | batch | compressor | x | full-KV tok/s | VeriCache tok/s | speedup | mean acceptance length "
+        "| context | batch | compressor | policy | x | drafts per window | windows of none | full-KV tok/s "
+        "| VeriCache tok/s | speedup | mean acceptance length "
         "| acceptance rate | draft step (decode steps) | verify step (decode steps) | full-KV step ms | mismatches |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['context']} | {r['batch']} | {r['compressor']} | {r['draft_length']} | "
+        lines.append(f"| {r['context']} | {r['batch']} | {r['compressor']} | {r['draft_policy']} | {r['draft_length']} | "
+                     f"{r['mean_window']:.2f} | {r['windows_of_none']} | "
                      f"{r['baseline_tok_s']:.1f} | {r['throughput_tok_s']:.1f} | {r['speedup']:.2f}x | "
                      f"{r['mean_acceptance_length']:.2f} | {r['acceptance_rate']:.3f} | "
                      f"{r['draft_cost_decode_steps']:.2f} | {r['verify_cost_decode_steps']:.2f} | "
