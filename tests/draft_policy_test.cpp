@@ -105,7 +105,7 @@ TEST(DraftPolicy, GoodputFallsBackToFullKvAndProbesAgain) {
   DraftPolicy p(o, 16, weights);
   DraftPolicyState s;
   const RequestReads reads{1e6, 4e6, false};
-  EXPECT_EQ(p.next_window(s, reads), 16);  // nothing fitted yet: x
+  EXPECT_EQ(p.next_window(s, reads), 3);  // nothing fitted yet: a probe
   observe_linear_forwards(p, weights);
   const WindowCosts c = p.costs_for(reads);
   // The weights' share is theirs divided by the last forward's items (1 here).

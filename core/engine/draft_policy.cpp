@@ -7,7 +7,8 @@ namespace vericache {
 namespace {
 
 constexpr size_t kForwardHistory = 256;  // decode forwards the costs are fitted to
-constexpr int64_t kRefitEvery = 16;      // forwards between fits
+constexpr int64_t kRefitEvery = 16;      // forwards between fits (every forward until there are this many)
+constexpr size_t kMinForwards = 4;       // forwards the first fit needs
 constexpr int64_t kMinReached = 8;       // windows a draft position needs for its own estimate
 constexpr int64_t kFirstTier = 4;        // tiers: where a request starts (or x if smaller)
 
@@ -116,7 +117,8 @@ void DraftPolicy::observe_forward(int64_t items, int64_t further_rows, double ca
                                   weight_bytes_ + cache_bytes, seconds, 1.0},
                kForwardHistory);
   items_per_forward_ = static_cast<double>(items);
-  if (++forwards_since_fit_ < kRefitEvery) return;
+  if (++forwards_since_fit_ < kRefitEvery && forwards_.size() >= static_cast<size_t>(kRefitEvery)) return;
+  if (forwards_.size() < kMinForwards) return;
   forwards_since_fit_ = 0;
   costs_ = sim::fit_forward_costs(std::vector<sim::ForwardSample>(forwards_.begin(), forwards_.end()));
   fitted_ = costs_.request_s > 0 || costs_.row_s > 0 || costs_.seconds_per_byte > 0;
@@ -134,10 +136,10 @@ WindowCosts DraftPolicy::costs_for(const RequestReads& reads) const {
 }
 
 int64_t DraftPolicy::goodput_next(const DraftPolicyState& state, const RequestReads& reads) const {
-  if (!fitted_) return max_drafts_;
+  const int64_t probe = std::min(options_.probe_length, max_drafts_);
+  if (!fitted_) return probe;
   std::vector<sim::WindowSample> windows(state.windows.begin(), state.windows.end());
   windows.insert(windows.end(), recent_windows_.begin(), recent_windows_.end());
-  const int64_t probe = std::min(options_.probe_length, max_drafts_);
   if (windows.empty()) return probe;
   Result<std::vector<double>> alphas = sim::acceptance_by_position(windows, kMinReached);
   if (!alphas.ok()) return probe;

@@ -21,7 +21,8 @@
 //               KV_full copy beyond what the drafting hides, at the link's measured rate. Window 0
 //               decodes one token on KV_full: on the CPU in place, plain full-KV decoding. A request
 //               at 0 drafts a probe window of `probe_length` after `probe_every` such tokens, so it
-//               can come back to drafting. Until enough forwards were seen to fit costs, windows are x.
+//               can come back to drafting. Until costs are fitted (after 4 decode forwards; refitted
+//               every forward up to 16, then every 16) and while no window was seen, windows are probes.
 //
 // With a reload scheduler (EngineOptions::scheduler) the policy's window is the draft count the
 // scheduler plans the request's verify at; the request drafts until that verify is due (a reload
