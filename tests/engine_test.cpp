@@ -692,6 +692,15 @@ TEST(Engine, RejectsBadOptions) {
   options.ratio = 1.5;
   DraftVerifyEngine engine2(*m, *device, *host, options);
   EXPECT_EQ(engine2.validate_options().message(), "ratio must be in (0, 1], got 1.500000");
+  options.ratio = 0.25;
+  options.draft_policy.kind = DraftPolicyKind::kTiers;
+  options.draft_policy.tier_down = 0.9;  // above tier_up
+  EXPECT_EQ(DraftVerifyEngine(*m, *device, *host, options).validate_options().message(),
+            "the tiers policy needs 0 <= down <= up <= 1 and smoothing in (0, 1]");
+  options.draft_policy = {};
+  options.draft_policy.test_windows = {2, -1};
+  EXPECT_EQ(DraftVerifyEngine(*m, *device, *host, options).validate_options().message(),
+            "test windows must be >= 0");
 }
 
 // ---- Sampling (T > 0) ----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 #include "engine/draft_policy.h"
 
 #include <algorithm>
+#include <string>
 
 namespace vericache {
 
@@ -44,6 +45,27 @@ std::optional<DraftPolicyKind> parse_draft_policy(std::string_view name) {
     if (name == draft_policy_name(k)) return k;
   }
   return std::nullopt;
+}
+
+Status check_draft_policy_options(const DraftPolicyOptions& o) {
+  if (!(o.min_confidence >= 0 && o.min_confidence <= 1)) {
+    return Status::invalid_argument("the confidence policy's minimum probability must be in [0, 1], got " +
+                                    std::to_string(o.min_confidence));
+  }
+  if (!(o.tier_down >= 0 && o.tier_down <= o.tier_up && o.tier_up <= 1 && o.tier_smoothing > 0 &&
+        o.tier_smoothing <= 1)) {
+    return Status::invalid_argument("the tiers policy needs 0 <= down <= up <= 1 and smoothing in (0, 1]");
+  }
+  if (o.probe_every < 1 || o.probe_length < 1) {
+    return Status::invalid_argument("the goodput policy's probe interval and probe length must be >= 1");
+  }
+  if (o.own_windows < 1 || o.prior_windows < 1) {
+    return Status::invalid_argument("the goodput policy needs at least one window of history");
+  }
+  for (int64_t w : o.test_windows) {
+    if (w < 0) return Status::invalid_argument("test windows must be >= 0");
+  }
+  return Status();
 }
 
 double WindowCosts::seconds(int64_t drafts) const {

@@ -46,6 +46,8 @@
 #include <string_view>
 #include <vector>
 
+#include <vericache/status.h>
+
 #include "sim/acceptance_model.h"
 #include "sim/forward_cost_fit.h"
 
@@ -55,6 +57,10 @@ enum class DraftPolicyKind { kFixed, kConfidence, kTiers, kGoodput };
 const char* draft_policy_name(DraftPolicyKind kind);  // "fixed", "confidence", "tiers", "goodput"
 std::optional<DraftPolicyKind> parse_draft_policy(std::string_view name);
 inline constexpr const char* kDraftPolicyNames = "fixed|confidence|tiers|goodput";
+
+struct DraftPolicyOptions;
+// InvalidArgument naming the bad field.
+Status check_draft_policy_options(const DraftPolicyOptions& o);
 
 struct DraftPolicyOptions {
   DraftPolicyKind kind = DraftPolicyKind::kFixed;

@@ -60,18 +60,7 @@ Status DraftVerifyEngine::validate_options() const {
     return Status::invalid_argument("ratio must be in (0, 1], got " + std::to_string(options_.ratio));
   }
   if (options_.prefill_chunk < 1) return Status::invalid_argument("prefill chunk must be >= 1");
-  const DraftPolicyOptions& p = options_.draft_policy;
-  if (!(p.min_confidence >= 0 && p.min_confidence <= 1)) {
-    return Status::invalid_argument("the confidence policy's minimum probability must be in [0, 1], got " +
-                                    std::to_string(p.min_confidence));
-  }
-  if (!(p.tier_down >= 0 && p.tier_down <= p.tier_up && p.tier_up <= 1 && p.tier_smoothing > 0 &&
-        p.tier_smoothing <= 1)) {
-    return Status::invalid_argument("the tiers policy needs 0 <= down <= up <= 1 and smoothing in (0, 1]");
-  }
-  if (p.probe_every < 1 || p.probe_length < 1) {
-    return Status::invalid_argument("the goodput policy's probe interval and probe length must be >= 1");
-  }
+  VC_RETURN_IF_ERROR(check_draft_policy_options(options_.draft_policy));
   if (options_.scheduler != nullptr && options_.scheduler->options().draft_length != options_.draft_length) {
     return Status::invalid_argument("the reload scheduler plans for draft length " +
                                     std::to_string(options_.scheduler->options().draft_length) +
@@ -97,21 +86,25 @@ int64_t DraftVerifyEngine::window_for(const EngineRequest& r) const {
   const int64_t remaining = r.req.max_new_tokens - static_cast<int64_t>(r.result.generation.tokens.size());
   // The verify forward runs positions committed .. committed + x, all inside the context.
   const int64_t room = model_.config().context_length - 1 - r.committed;
-  const int64_t wanted = options_.scheduler != nullptr ? max_window(options_) : policy_.next_window(r.policy, reads_of(r));
+  const int64_t wanted =
+      options_.scheduler != nullptr ? max_window(options_) : policy_.next_window(r.policy, reads_of(r));
   return std::clamp<int64_t>(std::min({remaining - 1, room, wanted}), 0, max_window(options_));
 }
 
 RequestReads DraftVerifyEngine::reads_of(const EngineRequest& r) const {
   if (options_.draft_policy.kind != DraftPolicyKind::kGoodput) return {};
   // Packed slots count as float slots: a quantizer's drafts read fewer bytes but unpack them.
-  const double slot_bytes = static_cast<double>(device_pool_.page_bytes()) / static_cast<double>(device_pool_.spec().page_size);
   RequestReads reads;
   for (int64_t l = 0; l < r.full.n_layers(); ++l) {
-    reads.full_bytes += slot_bytes * static_cast<double>(r.full.length(l));
-    if (!r.full_only) reads.comp_bytes += slot_bytes * static_cast<double>(r.comp.total_length(l));
+    reads.full_bytes += slot_bytes() * static_cast<double>(r.full.length(l));
+    if (!r.full_only) reads.comp_bytes += slot_bytes() * static_cast<double>(r.comp.total_length(l));
   }
   reads.transfer = options_.transfer != nullptr;
   return reads;
+}
+
+double DraftVerifyEngine::slot_bytes() const {
+  return static_cast<double>(device_pool_.page_bytes()) / static_cast<double>(device_pool_.spec().page_size);
 }
 
 int64_t DraftVerifyEngine::max_window(const EngineOptions& options) {
@@ -387,9 +380,9 @@ Status DraftVerifyEngine::run_forward(std::vector<EngineRequest*>& members, doub
   const double seconds = clock_->now_seconds() - record.start_seconds;
   if (options_.scheduler != nullptr && record.prefill_items == 0) options_.scheduler->observe_iteration(seconds);
   if (record.prefill_items == 0 && options_.draft_policy.kind == DraftPolicyKind::kGoodput) {
-    const double slot_bytes = static_cast<double>(device_pool_.page_bytes()) / static_cast<double>(device_pool_.spec().page_size);
     const auto items = static_cast<int64_t>(members.size());
-    policy_.observe_forward(items, record.rows - items, slot_bytes * static_cast<double>(record.kv_slots_read), seconds);
+    policy_.observe_forward(items, record.rows - items, slot_bytes() * static_cast<double>(record.kv_slots_read),
+                            seconds);
   }
 
   const int64_t vocab = model_.config().vocab_size;

@@ -214,6 +214,8 @@ class DraftVerifyEngine {
   int64_t window_for(const EngineRequest& r) const;
   // What r's forwards read, for the goodput policy's costs.
   RequestReads reads_of(const EngineRequest& r) const;
+  // Bytes of one cache slot (one token's K and V in one layer) at the pools' dtype.
+  double slot_bytes() const;
   // The most drafts one window may take: x, or with a scheduler its window - 2.
   static int64_t max_window(const EngineOptions& options);
   // Scheduler: places r's next reload and verify (after prefill and after each verify).
