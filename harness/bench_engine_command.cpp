@@ -80,16 +80,14 @@ int run_bench_engine(int argc, char** argv) {
     return *done;
   std::vector<int64_t> contexts, batches, drafts, adaptive_drafts;
   std::vector<DraftPolicyOptions> policies;
-  for (size_t begin = 0; begin <= policies_arg.size();) {
-    const size_t end = std::min(policies_arg.find(',', begin), policies_arg.size());
-    policy_args.policy = policies_arg.substr(begin, end - begin);
-    if (!parse_draft_policy(policy_args.policy)) {
-      return report_usage_error("bench-engine", "--draft-policies: '" + policy_args.policy + "' is not one of " +
-                                                    kDraftPolicyNames);
+  for (const std::string& name : split_list(policies_arg)) {
+    policy_args.policy = name;
+    if (!parse_draft_policy(name)) {
+      return report_usage_error("bench-engine", "--draft-policies: '" + name + "' is not one of " + kDraftPolicyNames);
     }
     policies.push_back(*draft_policy_options(policy_args));
-    begin = end + 1;
   }
+  if (policies.empty()) return report_usage_error("bench-engine", "--draft-policies is empty");
   try {
     contexts = parse_positive_list(contexts_arg, "contexts", kMaxContextLength);
     batches = parse_positive_list(batches_arg, "batches", 4096);

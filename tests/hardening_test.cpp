@@ -49,6 +49,7 @@ TEST(Hardening, EveryCommandChecksNumbersTheSameWay) {
        "vericache run: --draft-policy must be one of fixed|confidence|tiers|goodput, got 'adaptive'"},
       {"bench-engine --draft-policies fixed,bogus",
        "vericache bench-engine: --draft-policies: 'bogus' is not one of fixed|confidence|tiers|goodput"},
+      {"bench-engine --draft-policies ,", "vericache bench-engine: --draft-policies is empty"},
       {"bench --page-size 0", "vericache bench: --page-size must be a multiple of 16 in [16, 4096], got 0"},
       {"bench --page-size 24", "vericache bench: --page-size must be a multiple of 16 in [16, 4096], got 24"},
       {"bench --prefill-chunk 0", "vericache bench: --prefill-chunk must be in [1, 1048576], got 0"},

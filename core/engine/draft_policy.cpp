@@ -117,8 +117,8 @@ void DraftPolicy::observe_window(DraftPolicyState& state, int64_t drafted, int64
   }
   state.tokens_since_draft = 0;
   const sim::WindowSample w{drafted, accepted};
-  push_bounded(state.windows, w, static_cast<size_t>(std::max<int64_t>(options_.own_windows, 1)));
-  push_bounded(recent_windows_, w, static_cast<size_t>(std::max<int64_t>(options_.prior_windows, 1)));
+  push_bounded(state.windows, w, static_cast<size_t>(options_.own_windows));  // >= 1: check_draft_policy_options
+  push_bounded(recent_windows_, w, static_cast<size_t>(options_.prior_windows));
   if (options_.kind != DraftPolicyKind::kTiers) return;
   const double rate = static_cast<double>(accepted) / static_cast<double>(drafted);
   const double s = options_.tier_smoothing;
