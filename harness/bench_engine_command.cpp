@@ -122,8 +122,8 @@ int run_bench_engine(int argc, char** argv) {
     std::printf(
         "| context | batch | compressor | policy | x | drafts per window | windows of none | full-KV tok/s | VeriCache "
         "tok/s | speedup | mean acceptance length | acceptance rate | draft step ms | verify step ms | full-KV step ms "
-        "| verify cost (decode steps) | mismatches |\n");
-    std::printf("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "| verify cost (decode steps) | fallback steps | fallback cost (decode steps) | mismatches |\n");
+    std::printf("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
 
   for (int64_t context : contexts) {
@@ -209,7 +209,7 @@ int run_bench_engine(int argc, char** argv) {
           total_mismatches += mismatches;
           const RequestMetrics& t = engine.totals();
           const double tok_s = static_cast<double>(batch * (decode_tokens - 1)) / seconds;
-          const double draft_ms = times.draft_ms(), verify_ms = times.verify_ms();
+          const double draft_ms = times.draft_ms(), verify_ms = times.verify_ms(), fallback_ms = times.fallback_ms();
           // Evidence of what the requests decoded: copies of one prompt give one greedy output.
           std::set<std::vector<int32_t>> outputs;
           for (const EngineResult& r : results) outputs.insert(r.generation.tokens);
@@ -233,6 +233,8 @@ int run_bench_engine(int argc, char** argv) {
                                {"full_kv_step_ms", baseline_step_ms},
                                {"verify_cost_decode_steps", verify_ms / baseline_step_ms},
                                {"draft_cost_decode_steps", draft_ms / baseline_step_ms},
+                               {"fallback_steps", times.fallback_steps},
+                               {"fallback_cost_decode_steps", fallback_ms / baseline_step_ms},
                                {"mismatches", mismatches},
                                {"prefill_seconds", prefill_seconds},
                                {"compress_seconds", compress_seconds[c]},
@@ -244,13 +246,17 @@ int run_bench_engine(int argc, char** argv) {
                                {"model", m.path()}};
             std::cout << out.dump() << std::endl;
           } else {
+            char fallback_cost[32] = "-";
+            if (times.fallback_steps > 0) std::snprintf(fallback_cost, sizeof fallback_cost, "%.2f", fallback_ms / baseline_step_ms);
             std::printf(
                 "| %lld | %lld | %s | %s | %lld | %.2f | %lld | %.1f | %.1f | %.2fx | %.2f | %.3f | %.1f | %.1f | %.1f | "
-                "%.2f | %lld |\n",
+                "%.2f | %lld | %s | %lld |\n",
                 static_cast<long long>(context), static_cast<long long>(batch), (*compressors)[c]->name().c_str(),
                 policy_name, static_cast<long long>(x), t.mean_window(),
                 static_cast<long long>(t.verify_windows - t.drafts), baseline_tok_s, tok_s, tok_s / baseline_tok_s, t.mean_acceptance_length(),
                 t.acceptance_rate(), draft_ms, verify_ms, baseline_step_ms, verify_ms / baseline_step_ms,
+                static_cast<long long>(times.fallback_steps),
+                fallback_cost,
                 static_cast<long long>(mismatches));
             std::fflush(stdout);
           }

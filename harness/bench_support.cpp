@@ -129,6 +129,10 @@ void StepTimes::on_step(const StepRecord& s) {
   if (s.verify_items > 0) {
     verify_seconds += s.seconds;
     ++verify_steps;
+    if (s.draft_items == 0 && s.rows == s.verify_items) {
+      fallback_seconds += s.seconds;
+      ++fallback_steps;
+    }
   } else {
     draft_seconds += s.seconds;
     ++draft_steps;

@@ -65,8 +65,15 @@ class StepTimes : public StatsSink {
   void on_step(const StepRecord& s) override;
   double draft_seconds = 0, verify_seconds = 0, stall_seconds = 0;
   int64_t draft_steps = 0, verify_steps = 0;
+  // Of the verify steps, those where every request decoded one token on KV_full (no drafts in the
+  // step): the cost of an adaptive policy's fallback against plain full-KV decoding.
+  double fallback_seconds = 0;
+  int64_t fallback_steps = 0;
   double draft_ms() const { return draft_steps ? 1e3 * draft_seconds / static_cast<double>(draft_steps) : 0.0; }
   double verify_ms() const { return verify_steps ? 1e3 * verify_seconds / static_cast<double>(verify_steps) : 0.0; }
+  double fallback_ms() const {
+    return fallback_steps ? 1e3 * fallback_seconds / static_cast<double>(fallback_steps) : 0.0;
+  }
 };
 
 // One prefilled prompt: its cache (pages of a base pool shared by all prompts) and the logits

@@ -76,15 +76,18 @@ def main():
         "differ from it (must be 0)",
         "- mean acceptance length: 1 + accepted / drafts (vLLM's definition, the correction or bonus token "
         "included); acceptance rate: accepted / drafted",
-        "- verify cost: one step carrying the verify windows, in full-KV decode steps; draft step likewise",
+        "- verify cost: one step carrying the verify windows, in full-KV decode steps; draft step likewise; "
+        "fallback steps: verify steps in which every request decoded one token on the full cache (no drafts), "
+        "and their cost in full-KV decode steps (1.00 would be plain full-KV decoding)",
         "- policy: fixed drafts x every window; under an adaptive policy x is the longest window, drafts per window "
         "is what it chose on average (windows of none included) and windows of none are tokens decoded on the full "
         "cache (goodput's fallback, or a confidence stop at the first draft)",
         "",
         "| context | batch | compressor | policy | x | drafts per window | windows of none | full-KV tok/s "
         "| VeriCache tok/s | speedup | mean acceptance length "
-        "| acceptance rate | draft step (decode steps) | verify step (decode steps) | full-KV step ms | mismatches |",
-        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| acceptance rate | draft step (decode steps) | verify step (decode steps) | fallback steps "
+        "| fallback step (decode steps) | full-KV step ms | mismatches |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(f"| {r['context']} | {r['batch']} | {r['compressor']} | {r['draft_policy']} | {r['draft_length']} | "
@@ -92,6 +95,8 @@ def main():
                      f"{r['baseline_tok_s']:.1f} | {r['throughput_tok_s']:.1f} | {r['speedup']:.2f}x | "
                      f"{r['mean_acceptance_length']:.2f} | {r['acceptance_rate']:.3f} | "
                      f"{r['draft_cost_decode_steps']:.2f} | {r['verify_cost_decode_steps']:.2f} | "
+                     f"{r['fallback_steps']} | "
+                     f"{format(r['fallback_cost_decode_steps'], '.2f') if r['fallback_steps'] else '-'} | "
                      f"{r['full_kv_step_ms']:.1f} | {r['mismatches']} |")
     write_atomically(args.out + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines))
