@@ -6,6 +6,7 @@
 #include "kv/packed_page_pool.h"
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
+#include "kv/slot_copy.h"
 
 namespace vericache {
 namespace {
@@ -257,6 +258,40 @@ TEST(SequenceKv, AssignKeptAppendRangeAndPositionRollbackAcrossPools) {
   full.release(*host);
   EXPECT_EQ(device->num_free(), 20);
   EXPECT_EQ(host->num_free(), 40);
+}
+
+// The CPU loop (used whenever both pools are CPU tensors of one dtype) must match ATen indexing
+// exactly: across pools of different page sizes, and for moves within one pool whose targets
+// overwrite other entries' sources (everything is read before anything is written).
+TEST(CopySlots, CpuLoopMatchesAtenIndexing) {
+  KvPageSpec wide = spec();
+  wide.page_size = 32;
+  auto run = [&](bool force_aten) {
+    at::manual_seed(7);
+    auto a = PagePool::create(spec(), 6, at::kFloat, at::kCPU);
+    auto b = PagePool::create(wide, 4, at::kFloat, at::kCPU);
+    EXPECT_TRUE(a.ok() && b.ok());
+    a->k_pages().copy_(at::randn_like(a->k_pages()));
+    a->v_pages().copy_(at::randn_like(a->v_pages()));
+    b->k_pages().zero_();
+    b->v_pages().zero_();
+    SlotList from, to, back;
+    for (int64_t i = 0; i < 40; ++i) {
+      from.add((i * 5) % 6, (i * 7) % 16, i % 2);
+      to.add(i / 10, (i * 3) % 32, i % 2);  // 40 distinct targets
+    }
+    for (int64_t i = 0; i < 20; ++i) back.add(i % 3, (i + 1) % 16, 1 - i % 2);  // overlaps `from`'s sources
+    set_copy_slots_force_aten_for_testing(force_aten);
+    copy_slots(*a, from, *b, to);
+    SlotList head(from);
+    head.page.resize(20), head.offset.resize(20), head.head.resize(20);
+    copy_slots(*a, head, *a, back);
+    set_copy_slots_force_aten_for_testing(false);
+    return std::vector<at::Tensor>{a->k_pages().clone(), a->v_pages().clone(), b->k_pages().clone(), b->v_pages().clone()};
+  };
+  const std::vector<at::Tensor> loop = run(false), aten = run(true);
+  for (size_t i = 0; i < loop.size(); ++i) EXPECT_TRUE(at::equal(loop[i], aten[i])) << "tensor " << i;
+  EXPECT_GT(loop[2].abs().sum().item<float>(), 0.0f);  // something was copied
 }
 
 TEST(PackedPagePool, AllocatesAllOrNothingAndRejectsBadSizes) {

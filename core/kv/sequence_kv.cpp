@@ -4,38 +4,15 @@
 #include <string>
 
 #include <ATen/ATen.h>
-#include <ATen/TensorIndexing.h>
 
+#include "kv/slot_copy.h"
 #include "util/check.h"
 
 namespace vericache {
 namespace {
 
-// Slots to copy, one entry per (slot, KV head): page id, offset in the page, head.
-struct SlotList {
-  std::vector<int64_t> page, offset, head;
-};
-
-// Copies the K/V of every slot in `from` (in `src`) to the slot at the same index of `to` (in
-// `dst`); the pools may live on different devices. Everything is gathered before anything is
-// written, so moving slots within one pool is safe in any order.
-void copy_slots(const PagePool& src, const SlotList& from, PagePool& dst, const SlotList& to) {
-  namespace idx = at::indexing;
-  if (from.page.empty()) return;
-  auto t = [](const std::vector<int64_t>& v, at::Device device) { return at::tensor(v, at::kLong).to(device); };
-  const at::Device sd = src.k_pages().device(), dd = dst.k_pages().device();
-  const at::Tensor sp = t(from.page, sd), so = t(from.offset, sd), sh = t(from.head, sd);
-  const at::Tensor dp = t(to.page, dd), dof = t(to.offset, dd), dh = t(to.head, dd);
-  const at::Tensor k = src.k_pages().index({sp, sh, idx::Slice(), so}).to(dd, dst.k_pages().scalar_type());
-  const at::Tensor v = src.v_pages().index({sp, sh, so, idx::Slice()}).to(dd, dst.v_pages().scalar_type());
-  dst.k_pages().index_put_({dp, dh, idx::Slice(), dof}, k);
-  dst.v_pages().index_put_({dp, dh, dof, idx::Slice()}, v);
-}
-
 void add_slot(SlotList& list, const std::vector<int32_t>& table, int64_t page_size, int64_t slot, int64_t head) {
-  list.page.push_back(table[slot / page_size]);
-  list.offset.push_back(slot % page_size);
-  list.head.push_back(head);
+  list.add(table[slot / page_size], slot % page_size, head);
 }
 
 }  // namespace
