@@ -15,9 +15,10 @@ namespace vericache::cli {
 struct DraftPolicyArgs {
   std::string policy = "goodput";
   double min_confidence = DraftPolicyOptions{}.min_confidence;
+  double goodput_margin = DraftPolicyOptions{}.goodput_margin;
 };
 
-// Adds --draft-policy and --draft-p-min, bound to `a`.
+// Adds --draft-policy, --draft-p-min and --goodput-margin, bound to `a`.
 void add_draft_policy_options(boost::program_options::options_description& d, DraftPolicyArgs& a);
 // InvalidArgument naming the bad value.
 Result<DraftPolicyOptions> draft_policy_options(const DraftPolicyArgs& a);

@@ -206,6 +206,7 @@ int run_run(int argc, char** argv) {
   ranges.insert(ranges.end(), {kRatioRange,
                                {"draft-length", 1, 256},
                                {"draft-p-min", 0, 1},
+                               {"goodput-margin", 0, 100},
                                {"resident-pages", 0, 1LL << 31},
                                {"host-pages", 0, 1LL << 31},
                                {"state-memory-mb", -1, 1e9},

@@ -34,6 +34,10 @@ TEST(GoodputWindow, MatchesTheBestRateComputedByHand) {
   }
   ASSERT_GT(best, 0);
   EXPECT_EQ(goodput_window(alphas, costs, 16), best);
+  // A margin: the best window drafts only while its rate is at least (1 + margin) x window 0's.
+  const double gain = best_rate * 4.0;  // over window 0's rate of 1/4
+  EXPECT_EQ(goodput_window(alphas, costs, 16, 0.99 * (gain - 1)), best);
+  EXPECT_EQ(goodput_window(alphas, costs, 16, 1.01 * (gain - 1)), 0);
   // Drafts that are never accepted: decode on the full cache (window 0).
   EXPECT_EQ(goodput_window(std::vector<double>{0.0}, costs, 16), 0);
   // Every draft accepted and drafting free: the longest window.
@@ -100,6 +104,7 @@ TEST(DraftPolicy, GoodputFallsBackToFullKvAndProbesAgain) {
   DraftPolicyOptions o;
   o.kind = DraftPolicyKind::kGoodput;
   o.probe_every = 5;
+  o.probe_every_max = 30;
   o.probe_length = 3;
   const double weights = 1e7;
   DraftPolicy p(o, 16, weights);
@@ -122,9 +127,19 @@ TEST(DraftPolicy, GoodputFallsBackToFullKvAndProbesAgain) {
   }
   p.observe_window(s, 0, 0);
   EXPECT_EQ(p.next_window(s, reads), 3);
-  // Windows that accept everything: the longest window pays.
+  // Each probe that leads straight back to 0 doubles the interval: 10, 20, then the cap of 30.
+  for (int64_t interval : {10, 20, 30, 30}) {
+    p.observe_window(s, 3, 0);  // the probe, rejected
+    for (int64_t i = 0; i < interval; ++i) {
+      EXPECT_EQ(p.next_window(s, reads), 0) << interval << " " << i;
+      p.observe_window(s, 0, 0);
+    }
+    EXPECT_EQ(p.next_window(s, reads), 3) << interval;
+  }
+  // Windows that accept everything: the longest window pays, and the interval is the options' again.
   for (int i = 0; i < 40; ++i) p.observe_window(s, 16, 16);
   EXPECT_EQ(p.next_window(s, reads), 16);
+  EXPECT_EQ(s.probe_every, 0);
 }
 
 TEST(DraftPolicy, TestWindowsOverrideEveryPolicy) {

@@ -56,9 +56,11 @@ Status check_draft_policy_options(const DraftPolicyOptions& o) {
         o.tier_smoothing <= 1)) {
     return Status::invalid_argument("the tiers policy needs 0 <= down <= up <= 1 and smoothing in (0, 1]");
   }
-  if (o.probe_every < 1 || o.probe_length < 1) {
-    return Status::invalid_argument("the goodput policy's probe interval and probe length must be >= 1");
+  if (o.probe_every < 1 || o.probe_length < 1 || o.probe_every_max < o.probe_every) {
+    return Status::invalid_argument(
+        "the goodput policy's probe interval and probe length must be >= 1, and its longest interval >= the interval");
   }
+  if (!(o.goodput_margin >= 0)) return Status::invalid_argument("the goodput policy's margin must be >= 0");
   if (o.own_windows < 1 || o.prior_windows < 1) {
     return Status::invalid_argument("the goodput policy needs at least one window of history");
   }
@@ -73,10 +75,11 @@ double WindowCosts::seconds(int64_t drafts) const {
   return drafting + std::max(copy_s - drafting, 0.0) + verify_s + static_cast<double>(drafts) * verify_row_s;
 }
 
-int64_t goodput_window(std::span<const double> alphas, const WindowCosts& costs, int64_t max_drafts) {
+int64_t goodput_window(std::span<const double> alphas, const WindowCosts& costs, int64_t max_drafts,
+                       double margin) {
   if (costs.seconds(0) <= 0 || alphas.empty()) return max_drafts;
   int64_t best = 0;
-  double best_rate = 1.0 / costs.seconds(0);
+  double best_rate = (1.0 + margin) / costs.seconds(0);  // what a drafting window must reach
   double reach = 1, expected = 0;  // expected accepted drafts of a window of w (sim/acceptance_model.h)
   for (int64_t w = 1; w <= max_drafts; ++w) {
     reach *= alphas[std::min<size_t>(static_cast<size_t>(w - 1), alphas.size() - 1)];
@@ -111,10 +114,16 @@ bool DraftPolicy::stops_window(double top_probability) const {
 
 void DraftPolicy::observe_window(DraftPolicyState& state, int64_t drafted, int64_t accepted) {
   ++state.windows_seen;
+  const int64_t interval = state.probe_every > 0 ? state.probe_every : options_.probe_every;
   if (drafted == 0) {
+    // A probe that led straight back to full-KV decoding: wait twice as long before the next.
+    if (state.last_was_probe) state.probe_every = std::min(2 * interval, options_.probe_every_max);
+    state.last_was_probe = false;
     ++state.tokens_since_draft;
     return;
   }
+  state.last_was_probe = state.tokens_since_draft >= interval;
+  if (!state.last_was_probe) state.probe_every = 0;  // drafting on its own merit: probe promptly again
   state.tokens_since_draft = 0;
   const sim::WindowSample w{drafted, accepted};
   push_bounded(state.windows, w, static_cast<size_t>(options_.own_windows));  // >= 1: check_draft_policy_options
@@ -165,8 +174,9 @@ int64_t DraftPolicy::goodput_next(const DraftPolicyState& state, const RequestRe
   if (windows.empty()) return probe;
   Result<std::vector<double>> alphas = sim::acceptance_by_position(windows, kMinReached);
   if (!alphas.ok()) return probe;
-  const int64_t w = goodput_window(*alphas, costs_for(reads), max_drafts_);
-  return w == 0 && state.tokens_since_draft >= options_.probe_every ? probe : w;
+  const int64_t w = goodput_window(*alphas, costs_for(reads), max_drafts_, options_.goodput_margin);
+  const int64_t interval = state.probe_every > 0 ? state.probe_every : options_.probe_every;
+  return w == 0 && state.tokens_since_draft >= interval ? probe : w;
 }
 
 }  // namespace vericache

@@ -21,8 +21,13 @@
 //               KV_full copy beyond what the drafting hides, at the link's measured rate. Window 0
 //               decodes one token on KV_full: on the CPU in place, plain full-KV decoding. A request
 //               at 0 drafts a probe window of `probe_length` after `probe_every` such tokens, so it
-//               can come back to drafting. Until costs are fitted (after 4 decode forwards; refitted
-//               every forward up to 16, then every 16) and while no window was seen, windows are probes.
+//               can come back to drafting; a probe that leads straight back to 0 doubles the request's
+//               interval (up to `probe_every_max`), and a window that drafts without being a probe
+//               resets it. A window drafts only when its rate beats window 0's by the factor
+//               1 + `goodput_margin`: the fitted costs are estimates, and a draft window that is
+//               only as good as full-KV decoding on paper loses to it in practice. Until costs are
+//               fitted (after 4 decode forwards; refitted every forward up to 16, then every 16) and
+//               while no window was seen, windows are probes.
 //
 // With a reload scheduler (EngineOptions::scheduler) the policy's window is the draft count the
 // scheduler plans the request's verify at; the request drafts until that verify is due (a reload
@@ -69,7 +74,9 @@ struct DraftPolicyOptions {
   double tier_down = 0.4;
   double tier_smoothing = 0.3;  // weight of the newest window in the moving average
   int64_t probe_every = 16;     // goodput: tokens decoded on KV_full before a probe window
+  int64_t probe_every_max = 256;  // goodput: the longest interval repeated failed probes back off to
   int64_t probe_length = 4;
+  double goodput_margin = 0.1;  // goodput: a window drafts only at a rate >= (1 + margin) x window 0's
   int64_t own_windows = 32;    // goodput: a request's most recent windows it estimates from
   int64_t prior_windows = 32;  // goodput: the engine's most recent windows, the prior
   // Test-only: when non-empty, a request's window i drafts test_windows[i % size] (before the
@@ -87,9 +94,11 @@ struct WindowCosts {
 };
 
 // The window in [0, max_drafts] with the most expected committed tokens per second,
-// (1 + expected_accepted_by_position(alphas, w)) / costs.seconds(w); ties go to the shorter window.
-// max_drafts when every cost is 0 (nothing fitted).
-int64_t goodput_window(std::span<const double> alphas, const WindowCosts& costs, int64_t max_drafts);
+// (1 + expected_accepted_by_position(alphas, w)) / costs.seconds(w); ties go to the shorter window,
+// and 0 unless the best rate is at least (1 + margin) times window 0's. max_drafts when every cost
+// is 0 (nothing fitted).
+int64_t goodput_window(std::span<const double> alphas, const WindowCosts& costs, int64_t max_drafts,
+                       double margin = 0);
 
 // One request's history under the policy.
 struct DraftPolicyState {
@@ -97,6 +106,8 @@ struct DraftPolicyState {
   double acceptance_average = -1;         // tiers: < 0 before its first window
   int64_t tier = 0;                       // tiers: the current window; 0 before the first (then 4, or x if smaller)
   int64_t tokens_since_draft = 0;         // goodput: windows of 0 drafts since the last that drafted
+  int64_t probe_every = 0;                // goodput: the request's probe interval (0: the options')
+  bool last_was_probe = false;            // goodput: the last window drafted after a full interval at 0
   int64_t windows_seen = 0;               // every verified window
 };
 
