@@ -5,7 +5,11 @@ the given bandwidth) and predicted by the simulator on a CPU profile calibrated 
 each configuration below; from `vericache bench-reload --json` (see its --help). Every run is checked
 token for token against full-KV decoding (mismatches must be 0).
 
-Writes results/reload_ablation_cpu.md (the table, with the commands and the commit) and
+Request i's prompt is the i-th stretch of `--context` tokens of the built prompt sets long_docs,
+long_code, code_tasks and function_calling joined (text the model has not memorized; `--text corpus`
+takes datasets/tokenizer_corpus/corpus.txt instead, whose licence texts the model reproduces).
+
+Writes results/reload_ablation_cpu.md (the table, with the commands, the commit and the CPU) and
 results/reload_ablation_cpu.json (every row as bench-reload printed it).
 
 Usage, from the repository root, after harness/setup.sh, on otherwise idle cores:
@@ -16,21 +20,17 @@ policy over every link it lists)
   python3 harness/bench/reload_ablation.py --table-only    (rewrite the .md from the .json)
 """
 import argparse
-import datetime
 import json
 import os
 import subprocess
 import sys
 
-from results_file import check_destination, write_atomically
+from bench_prompts import bench_text
+from results_file import check_destination, provenance, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERICACHE = os.path.join(ROOT, "build", "vericache")
 DEFAULT_CONFIGS = ["--link-gb-s 2,20 -b 4", "--link-gb-s 2 -b 8"]
-
-
-def git(*args):
-    return subprocess.run(["git", "-C", ROOT] + list(args), capture_output=True, text=True).stdout.strip()
 
 
 def main():
@@ -40,6 +40,8 @@ def main():
     ap.add_argument("--draft-length", type=int, default=8)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="threads for the forwards (the other core copies)")
+    ap.add_argument("--text", choices=("datasets", "corpus"), default="datasets",
+                    help="what the prompts are cut from: the built prompt sets (default) or corpus.txt")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "reload_ablation_cpu.md"))
     ap.add_argument("--table-only", action="store_true", help="rewrite the .md from the .json beside it")
     args = ap.parse_args()
@@ -47,21 +49,23 @@ def main():
     json_out = os.path.splitext(args.out)[0] + ".json"
     check_destination(args.out)
     check_destination(json_out)
-    commit = git("rev-parse", "--short", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    prov = None if args.table_only else provenance(ROOT)  # before the run: what is measured is the tree of now
 
     rows, commands = [], []
     if args.table_only:
         with open(json_out, encoding="utf-8") as f:
             stored = json.load(f)
-        rows, commit, dirty = stored["rows"], stored["commit"], stored.get("dirty", "")
+        rows, prov = stored["rows"], stored.get("provenance") or {
+            "commit": stored["commit"], "dirty": bool(stored.get("dirty")), "date": "date not recorded", "cpu": "not recorded"}
+        args.text = stored.get("text", "corpus")
         commands = stored.get("commands") or list(dict.fromkeys(r["command"] for r in rows))
         configs = []
         args.configs = stored.get("configs")
     for config in configs:
         cmd = [VERICACHE, "bench-reload", "--context", str(args.context), "-x", str(args.draft_length),
-               "--decode-tokens", str(args.decode_tokens), "--threads", str(args.threads)] + config.split() + ["--json"]
-        shown = "build/vericache " + " ".join(cmd[1:])
+               "--decode-tokens", str(args.decode_tokens), "--threads", str(args.threads),
+               "--text-file", bench_text(args.text)] + config.split() + ["--json"]
+        shown = "build/vericache " + " ".join(cmd[1:]).replace(ROOT + "/", "")
         print(f"[reload_ablation] {shown}", file=sys.stderr, flush=True)
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if done.returncode != 0:
@@ -73,13 +77,18 @@ def main():
             rows.append(row)
 
     lines = ["# Reload policies on this CPU: measured next to the simulator", "",
-             f"Commit `{commit}`{' (with uncommitted changes)' if dirty else ''}, "
-             f"{datetime.date.today().isoformat()}, `python3 harness/bench/reload_ablation.py"
+             f"Commit `{prov['commit']}` ({'with uncommitted changes' if prov['dirty'] else 'clean tree'}, "
+             f"{prov['date']}), CPU: {prov['cpu']}; `python3 harness/bench/reload_ablation.py"
+             f"{'' if args.text == 'datasets' else ' --text ' + args.text}"
              f"{''.join(' --configs ' + repr(c) for c in args.configs or [])}`, which ran:", ""]
     lines += [f"- `{c}`" for c in commands]
     lines += ["",
-              f"SmolLM2-135M (Q4_1); B requests, request i's prompt the corpus's tokens [i x {args.context}, "
-              f"(i + 1) x {args.context}), each prefilled once and compressed once (SnapKV, c = 0.1); each request "
+              f"SmolLM2-135M (Q4_1); B requests, request i's prompt tokens [i x {args.context}, "
+              f"(i + 1) x {args.context}) of "
+              + ("the built prompt sets long_docs, long_code, code_tasks and function_calling joined (text the model "
+                 "has not memorized)" if args.text == "datasets" else
+                 "datasets/tokenizer_corpus/corpus.txt (licence texts the model has memorized: acceptance is inflated)")
+              + f", each prefilled once and compressed once (SnapKV, c = 0.1); each request "
               f"decodes {args.decode_tokens} greedy tokens (EOS ignored), x = "
               f"{args.draft_length}, W = 48, {args.threads} thread(s) for the forwards and the other core for the "
               "copy thread. Each verify reads KV_full from a copy in transient pages that crossed an **emulated "
@@ -126,8 +135,9 @@ def main():
                      f"{r['cpu_bandwidth_gb_s']:.1f} | {r['cpu_request_ms']:.2f} | {r['cpu_verify_row_ms']:.2f} | "
                      f"{r['copy_bandwidth_gb_s']:.1f} | {100 * r['copy_slowdown']:.0f}% | {' '.join(f'{a:.3f}' for a in r['request_alphas'])} |")
     if not args.table_only:
-        write_atomically(json_out, json.dumps({"commit": commit, "dirty": dirty, "commands": commands,
-                                               "configs": args.configs, "rows": rows}, indent=1) + "\n")
+        write_atomically(json_out, json.dumps({"commit": prov["commit"], "dirty": prov["dirty"], "provenance": prov,
+                                               "text": args.text, "commands": commands, "configs": args.configs,
+                                               "rows": rows}, indent=1) + "\n")
     write_atomically(args.out, "\n".join(lines) + "\n")
     print(f"[reload_ablation] wrote {args.out} and {json_out}", file=sys.stderr)
 
