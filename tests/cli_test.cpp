@@ -576,7 +576,7 @@ TEST(Cli, RunCheckIsLosslessAndReportsAcceptance) {
   const std::string text = testing::read_file(testing::source_path("datasets/tokenizer_corpus/corpus.txt")).substr(0, 2000);
   const std::string prompt = testing::temp_dir() + "/prompt.txt";
   std::ofstream(prompt) << text;
-  const CliRun r = run_vericache("run --check --compressor expected_attention -c 0.25 -x 6 -b 2 -n 24 --ignore-eos --json -f " + prompt);
+  const CliRun r = run_vericache("run --check --compressor expected_attention -c 0.25 -x 6 --draft-policy fixed -b 2 -n 24 --ignore-eos --json -f " + prompt);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto out = nlohmann::json::parse(r.out);
   EXPECT_EQ(out["compressor"], "expected_attention");
