@@ -112,9 +112,13 @@ bool DraftPolicy::stops_window(double top_probability) const {
   return options_.kind == DraftPolicyKind::kConfidence && top_probability < options_.min_confidence;
 }
 
+int64_t DraftPolicy::probe_interval(const DraftPolicyState& state) const {
+  return state.probe_every > 0 ? state.probe_every : options_.probe_every;
+}
+
 void DraftPolicy::observe_window(DraftPolicyState& state, int64_t drafted, int64_t accepted) {
   ++state.windows_seen;
-  const int64_t interval = state.probe_every > 0 ? state.probe_every : options_.probe_every;
+  const int64_t interval = probe_interval(state);
   if (drafted == 0) {
     // A probe that led straight back to full-KV decoding: wait twice as long before the next.
     if (state.last_was_probe) state.probe_every = std::min(2 * interval, options_.probe_every_max);
@@ -175,8 +179,7 @@ int64_t DraftPolicy::goodput_next(const DraftPolicyState& state, const RequestRe
   Result<std::vector<double>> alphas = sim::acceptance_by_position(windows, kMinReached);
   if (!alphas.ok()) return probe;
   const int64_t w = goodput_window(*alphas, costs_for(reads), max_drafts_, options_.goodput_margin);
-  const int64_t interval = state.probe_every > 0 ? state.probe_every : options_.probe_every;
-  return w == 0 && state.tokens_since_draft >= interval ? probe : w;
+  return w == 0 && state.tokens_since_draft >= probe_interval(state) ? probe : w;
 }
 
 }  // namespace vericache

@@ -139,6 +139,7 @@ class DraftPolicy {
 
  private:
   int64_t goodput_next(const DraftPolicyState& state, const RequestReads& reads) const;
+  int64_t probe_interval(const DraftPolicyState& state) const;  // goodput: the request's, or the options'
 
   DraftPolicyOptions options_;
   int64_t max_drafts_;

@@ -53,13 +53,23 @@ void copy_with_cpu_loop(const PagePool& src, const SlotList& from, PagePool& dst
   const auto* sv = static_cast<const char*>(src.v_pages().data_ptr());
   auto* dk = static_cast<char*>(dst.k_pages().data_ptr());
   auto* dv = static_cast<char*>(dst.v_pages().data_ptr());
-  // Gather first: slots moved within one pool may overlap their own sources.
+  auto read = [&](int64_t i, char* k, int64_t k_stride, char* v) {
+    const SlotAddress a = address(ss, elem, from.page[i], from.offset[i], from.head[i]);
+    for (int64_t d = 0; d < hd; ++d) std::memcpy(k + d * k_stride, sk + a.key + d * ss.page_size * elem, elem);
+    std::memcpy(v, sv + a.value, hd * elem);
+  };
+  if (&src != &dst) {  // separate pools: straight from source slot to target slot
+    for (int64_t i = 0; i < n; ++i) {
+      const SlotAddress a = address(ds, elem, to.page[i], to.offset[i], to.head[i]);
+      read(i, dk + a.key, ds.page_size * elem, dv + a.value);
+    }
+    return;
+  }
+  // One pool: gather first, since a target may be another entry's source.
   std::vector<char> staged(static_cast<size_t>(n * 2 * hd * elem));
   for (int64_t i = 0; i < n; ++i) {
-    const SlotAddress a = address(ss, elem, from.page[i], from.offset[i], from.head[i]);
     char* k = staged.data() + i * 2 * hd * elem;
-    for (int64_t d = 0; d < hd; ++d) std::memcpy(k + d * elem, sk + a.key + d * ss.page_size * elem, elem);
-    std::memcpy(k + hd * elem, sv + a.value, hd * elem);
+    read(i, k, elem, k + hd * elem);
   }
   for (int64_t i = 0; i < n; ++i) {
     const SlotAddress a = address(ds, elem, to.page[i], to.offset[i], to.head[i]);
