@@ -63,22 +63,21 @@ int run_bench_engine(int argc, char** argv) {
      "--adaptive-draft-lengths; vericache run --help says what each does)")
     ("adaptive-draft-lengths", po::value(&adaptive_drafts_arg)->default_value("16"),
      "comma-separated longest windows the adaptive policies run at")
-    ("draft-p-min", po::value(&policy_args.min_confidence)->default_value(policy_args.min_confidence),
-     "the confidence policy's threshold")
-    ("goodput-margin", po::value(&policy_args.goodput_margin)->default_value(policy_args.goodput_margin, "0.1"),
-     "the goodput policy's margin: a window drafts only when it beats full-KV decoding's rate by this fraction")
     ("decode-tokens", po::value(&decode_tokens)->default_value(64), "tokens generated per request (EOS ignored)")
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores")
     ("page-size", po::value(&page_size)->default_value(16), "KV page size in tokens (a multiple of 16)")
     ("prefill-chunk", po::value(&prefill_chunk)->default_value(512), "prompt tokens per prefill forward")
     ("json", po::bool_switch(&json), "print one JSON object per configuration instead of a table");
   // clang-format on
+  add_draft_policy_tuning_options(desc, policy_args);
   po::variables_map vm;
   const std::string example =
       "Example:\n  vericache bench-engine --contexts 2048 --batches 1 --compressors snapkv --draft-lengths 8\n";
+  std::vector<OptionRange> ranges = {{"decode-tokens", 2, 1 << 20}, kRatioRange, kThreadsRange, kPageSizeRange,
+                                     kPrefillChunkRange};
+  ranges.insert(ranges.end(), kDraftPolicyTuningRanges.begin(), kDraftPolicyTuningRanges.end());
   if (auto done = parse_command_line("bench-engine", desc, example, argc, argv, &vm,
-                                     {{"decode-tokens", 2, 1 << 20}, kRatioRange, kThreadsRange, kPageSizeRange,
-                                      kPrefillChunkRange, {"draft-p-min", 0, 1}, {"goodput-margin", 0, 100}}))
+                                     ranges))
     return *done;
   std::vector<int64_t> contexts, batches, drafts, adaptive_drafts;
   std::vector<DraftPolicyOptions> policies;

@@ -13,7 +13,14 @@ void add_draft_policy_options(po::options_description& d, DraftPolicyArgs& a) {
      "how long each verify window is, per request (--draft-length is the most): fixed (always x), "
      "confidence (stop at a draft below --draft-p-min), tiers (1, 2, 4, ..., x by a moving average of "
      "acceptance), goodput (the window with the most expected tokens per second from the request's "
-     "acceptance and the fitted forward costs; 0 decodes a token on the full cache)")
+     "acceptance and the fitted forward costs; 0 decodes a token on the full cache)");
+  // clang-format on
+  add_draft_policy_tuning_options(d, a);
+}
+
+void add_draft_policy_tuning_options(po::options_description& d, DraftPolicyArgs& a) {
+  // clang-format off
+  d.add_options()
     ("draft-p-min", po::value(&a.min_confidence)->default_value(a.min_confidence),
      "with --draft-policy confidence: a draft whose top probability on the compressed cache is below this ends its window")
     ("goodput-margin", po::value(&a.goodput_margin)->default_value(a.goodput_margin, "0.1"),

@@ -205,13 +205,12 @@ int run_run(int argc, char** argv) {
   std::vector<OptionRange> ranges = decoding_ranges();
   ranges.insert(ranges.end(), {kRatioRange,
                                {"draft-length", 1, 256},
-                               {"draft-p-min", 0, 1},
-                               {"goodput-margin", 0, 100},
                                {"resident-pages", 0, 1LL << 31},
                                {"host-pages", 0, 1LL << 31},
                                {"state-memory-mb", -1, 1e9},
                                {"transient-pages", 0, 1LL << 31},
                                {"link-gbps", 0, 1e6}});
+  ranges.insert(ranges.end(), kDraftPolicyTuningRanges.begin(), kDraftPolicyTuningRanges.end());
   if (auto done = parse_command_line("run", desc, examples, argc, argv, &vm, ranges)) return *done;
   if (Status s = check_options(o); !s.ok()) return report_usage_error("run", s.message());
   auto prompt_text = read_prompt(o.prompt, o.prompt_file);
