@@ -15,6 +15,7 @@ int run_train_kvzap(int argc, char** argv);
 int run_calibrate(int argc, char** argv);
 int run_run(int argc, char** argv);
 int run_bench_engine(int argc, char** argv);
+int run_bench_budget(int argc, char** argv);
 int run_bench_attention(int argc, char** argv);
 int run_bench_acceptance(int argc, char** argv);
 int run_model(int argc, char** argv);

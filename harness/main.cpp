@@ -22,6 +22,7 @@ constexpr Command kCommands[] = {
     {"generate", vericache::cli::run_generate, "generate text with full-KV decoding on a GGUF model"},
     {"bench", vericache::cli::run_bench, "prefill and decode tokens/s over context lengths and batch sizes"},
     {"bench-engine", vericache::cli::run_bench_engine, "decode tokens/s of VeriCache against full-KV decoding, same run"},
+    {"bench-budget", vericache::cli::run_bench_budget, "decode tokens/s at one device KV budget: each side's largest batch"},
     {"bench-attention", vericache::cli::run_bench_attention, "a long-context decode step on float and quantized caches, attention timed apart"},
     {"bench-acceptance", vericache::cli::run_bench_acceptance, "mean acceptance length and per-step KL per compressor and c"},
     {"plugins", vericache::cli::run_plugins, "list the compressor plugins found, with their descriptors"},

@@ -669,6 +669,38 @@ TEST(Cli, BenchEngineDecodesDistinctPromptsPerRequest) {
   EXPECT_NE(refused.err.find(tiny + " has 4 tokens, fewer than the 512 the prompts need"), std::string::npos) << refused.err;
 }
 
+// bench-budget sizes each side's batch from one device budget (two full-KV requests here) and
+// checks every VeriCache run against full-KV decoding: in place VeriCache runs more requests than
+// full KV (its compressed caches alone take the budget); over an emulated link the ring of one
+// KV_full copy comes out of the budget first. Bad --links values are usage errors.
+TEST(Cli, BenchBudgetRunsEachSidesLargestBatch) {
+  const std::string set = testing::source_path("datasets/lossless_prompts/prompts.json");
+  const CliRun r = run_vericache("bench-budget --json --context 256 --decode-tokens 8 --compressor snapkv -x 4 "
+                                 "--links in-place,2 --max-batch 8 --text-file " + set);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<nlohmann::json> rows;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  for (const auto& row : rows) {
+    EXPECT_EQ(row["mismatches"], 0);
+    EXPECT_EQ(row["full_kv_batch"], 2);
+    EXPECT_EQ(row["budget_pages"], 2 * row["full_kv_pages_per_request"].get<int64_t>());
+    EXPECT_GT(row["vericache_tok_s"].get<double>(), 0);
+    EXPECT_LE(row["vericache_batch"].get<int64_t>() * row["resident_pages_per_request"].get<int64_t>() +
+                  row["transient_pages"].get<int64_t>(),
+              row["budget_pages"].get<int64_t>());
+  }
+  EXPECT_EQ(rows[0]["verification"], "in place");
+  EXPECT_EQ(rows[0]["transient_pages"], 0);
+  EXPECT_GT(rows[0]["vericache_batch"].get<int64_t>(), 2);
+  EXPECT_EQ(rows[1]["verification"], "2 GB/s emulated link");
+  EXPECT_GT(rows[1]["transient_pages"].get<int64_t>(), 0);
+  const CliRun bad = run_vericache("bench-budget --links in-place,fast");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--links: 'fast' is neither in-place nor a bandwidth"), std::string::npos) << bad.err;
+}
+
 TEST(Cli, RunRejectsBadOptionsWithOneLine) {
   const std::map<std::string, std::string> cases = {
       {"run -p hi --draft-length 0", "vericache run: --draft-length must be in [1, 256], got 0\n"},

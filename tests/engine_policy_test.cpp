@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,125 @@ TEST(DraftPolicies, WindowsOfNoneAndUnevenLengthsAreLossless) {
       EXPECT_GE(run.totals.verify_windows - run.totals.drafts, run.totals.drafts) << label << ": too few windows of none";
       ASSERT_FALSE(run.totals.drafted_per_position.empty());
       EXPECT_EQ(static_cast<int64_t>(run.totals.drafted_per_position.size()), 8) << label;
+    }
+  }
+}
+
+// Every draft's compressed-cache logits, in the order the engine drafted them.
+struct DraftLogits : StatsSink {
+  struct Draft {
+    int64_t request = 0, position = 0;
+    std::vector<float> logits;
+  };
+  std::vector<Draft> drafts;
+  void on_draft_logits(int64_t request, int64_t position, std::span<const float> logits) override {
+    drafts.push_back({request, position, std::vector<float>(logits.begin(), logits.end())});
+  }
+};
+
+// Where two runs' drafts first differ in request, position or logits (bitwise); "" when they do not.
+std::string first_difference(const DraftLogits& a, const DraftLogits& b) {
+  for (size_t i = 0; i < std::min(a.drafts.size(), b.drafts.size()); ++i) {
+    const DraftLogits::Draft &x = a.drafts[i], &y = b.drafts[i];
+    if (x.request != y.request || x.position != y.position || x.logits != y.logits) {
+      return "draft " + std::to_string(i) + " (request " + std::to_string(x.request) + ", position " +
+             std::to_string(x.position) + ")";
+    }
+  }
+  if (a.drafts.size() != b.drafts.size())
+    return std::to_string(a.drafts.size()) + " vs " + std::to_string(b.drafts.size()) + " drafts";
+  return "";
+}
+
+// A window of no drafts leaves KV_comp behind (no copy, no packing: plain full-KV decoding); the next
+// window that drafts first brings it up to the committed tokens. The drafts are then exactly those of
+// an engine that refills KV_comp after every window — the same logits bit for bit — for offline
+// token droppers with verified and drafted K/V, and the resident cache reported at the end is the
+// same. (Online compressors — KVzap and the quantizers — see every committed row through update()
+// as its forward computes it, so they refill after every window.) Skipping the catch-up (a test-only fault) changes
+// the drafts, so the comparison can fail.
+TEST(DraftPolicies, KvCompLeftBehindByWindowsOfNoneIsCaughtUpBeforeDrafting) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  const std::vector<GenerationRequest> requests = medium_requests(*m, 20, 48);
+  const std::vector<GenerationResult> reference = testing::full_kv(*m, requests);
+  struct Case {
+    std::string compressor;
+    DraftKv mode;
+  };
+  for (const Case& c : {Case{"snapkv", DraftKv::kVerified}, Case{"snapkv", DraftKv::kDrafted},
+                        Case{"expected_attention", DraftKv::kVerified}}) {
+    auto compressor = testing::bundled_compressor(c.compressor, testing::params_for(c.compressor), *m);
+    ASSERT_NE(compressor, nullptr);
+    auto run = [&](bool eager, TestFaultKind fault, DraftLogits* sink) {
+      EngineOptions options;
+      options.compressor = compressor.get();
+      options.ratio = 0.25;
+      options.draft_length = 8;
+      options.draft_kv = c.mode;
+      // Stretches of 0 long enough to fill pages (page size 16) between windows that draft.
+      options.draft_policy = policy(DraftPolicyKind::kGoodput, {0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6});
+      options.eager_comp_refill_for_testing = eager;
+      options.test_fault.kind = fault;
+      options.sink = sink;
+      return testing::run_engine(*m, options, requests);
+    };
+    const std::string label = c.compressor + ", K/V " + draft_kv_name(c.mode);
+    DraftLogits eager, lazy, faulted;
+    const testing::EngineRun eager_run = run(true, TestFaultKind::kNone, &eager);
+    const testing::EngineRun lazy_run = run(false, TestFaultKind::kNone, &lazy);
+    testing::expect_identical(lazy_run, reference, label);
+    ASSERT_GT(lazy.drafts.size(), 20u) << label;
+    EXPECT_EQ(first_difference(eager, lazy), "") << label;
+    EXPECT_EQ(lazy_run.totals.accepted_tokens, eager_run.totals.accepted_tokens) << label;
+    EXPECT_EQ(lazy_run.totals.resident_kv_slots, eager_run.totals.resident_kv_slots) << label;
+    EXPECT_EQ(lazy_run.totals.resident_kv_bytes, eager_run.totals.resident_kv_bytes) << label;
+    const testing::EngineRun faulted_run = run(false, TestFaultKind::kSkipCompCatchUp, &faulted);
+    testing::expect_identical(faulted_run, reference, label + ", catch-up skipped");  // still lossless
+    EXPECT_NE(first_difference(eager, faulted), "") << label << ": skipping the catch-up went unnoticed";
+  }
+}
+
+// While a request decodes on its full cache (every window of no drafts), its KV_comp takes no page:
+// the resident pages in use stay what the prefill's compressed cache took, where refilling after
+// every window (the test-only eager mode) takes more as the tokens fill pages.
+TEST(DraftPolicies, DecodingOnTheFullCacheTakesNoKvCompPages) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  const std::vector<GenerationRequest> requests = medium_requests(*m, 24, 40);
+  auto compressor = testing::bundled_compressor("snapkv", testing::params_for("snapkv"), *m);
+  ASSERT_NE(compressor, nullptr);
+  for (bool eager : {false, true}) {
+    EngineOptions options;
+    options.compressor = compressor.get();
+    options.draft_length = 8;
+    options.draft_policy = policy(DraftPolicyKind::kGoodput, {0});
+    options.eager_comp_refill_for_testing = eager;
+    auto pools = make_engine_pools(*m, options, 16, requests, PoolOverrides{});
+    ASSERT_TRUE(pools.ok()) << pools.status().message();
+    struct LastStep : StatsSink {
+      StepRecord step;
+      void on_step(const StepRecord& s) override { step = s; }
+    } last;
+    options.sink = &last;
+    DraftVerifyEngine engine(*m, pools->device, pools->host, options);
+    for (const auto& r : requests) ASSERT_TRUE(engine.add_request(r).ok());
+    int64_t after_prefill = -1, most_used = 0;
+    while (!engine.idle()) {
+      ASSERT_TRUE(engine.step().ok());
+      if (engine.active() < static_cast<int64_t>(requests.size())) break;  // one finished: its pages went back
+      const int64_t used = pools->device.num_pages(PageKind::kResident) - pools->device.num_free(PageKind::kResident);
+      if (last.step.prefill_items > 0) {
+        after_prefill = used;  // the compressed caches the prompts' prefills built
+      } else {
+        most_used = std::max(most_used, used);
+      }
+    }
+    ASSERT_GT(after_prefill, 0);
+    if (eager) {
+      EXPECT_GT(most_used, after_prefill) << "eager refill: KV_comp should grow";
+    } else {
+      EXPECT_EQ(most_used, after_prefill) << "windows of none took KV_comp pages";
     }
   }
 }

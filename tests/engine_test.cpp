@@ -24,6 +24,7 @@
 #include "statistics_support.h"
 
 #include "engine/draft_verify_engine.h"
+#include "engine/device_budget.h"
 #include "engine/engine_pools.h"
 #include "engine/generator.h"
 #include "loader/plugin_loader.h"
@@ -363,6 +364,21 @@ TEST(Engine, AdmitsByTheCompressedCacheNotTheFullOne) {
   };
   EXPECT_EQ(admitted_at_once(snapkv.get()), 6);
   EXPECT_EQ(admitted_at_once(nullptr), 1);
+  // bench-budget's sizing: full-KV decoding fits 2 of these requests, VeriCache in place 6 (253
+  // pages each: c * 400 per layer and the 20 slots still to come, page-rounded per layer), which is
+  // (floor(1/c) - 1) = 3 times as many, and the engine admits exactly that many at once. Verifying
+  // over a link takes a ring of one KV_full copy (810 pages) from the budget: 2 then.
+  const BudgetBatches in_place = batches_within_budget(*m, options, 16, requests[0], budget, 1);
+  EXPECT_EQ(in_place.full_kv, 2);
+  EXPECT_EQ(in_place.resident_pages_per_request, 253);
+  EXPECT_EQ(in_place.vericache, 6);
+  EXPECT_EQ(admitted_at_once(snapkv.get()), in_place.vericache);
+  TransferEngine link;
+  EngineOptions over_link = options;
+  over_link.transfer = &link;
+  const BudgetBatches copied = batches_within_budget(*m, over_link, 16, requests[0], budget, 1);
+  EXPECT_EQ(copied.transient_pages, 810);
+  EXPECT_EQ(copied.vericache, 2);
   const EngineRun run = run_engine(*m, options, requests, budget, host_pages);
   EXPECT_EQ(run.max_queued, 2);
   expect_identical(run, full_kv(*m, requests), "snapkv at a fixed device budget");

@@ -95,9 +95,11 @@ RequestReads DraftVerifyEngine::reads_of(const EngineRequest& r) const {
   if (options_.draft_policy.kind != DraftPolicyKind::kGoodput) return {};
   // Packed slots count as float slots: a quantizer's drafts read fewer bytes but unpack them.
   RequestReads reads;
+  // A KV_comp left behind (defers_comp_refill) is read in full once the request drafts again.
+  const int64_t behind = r.committed - r.comp_end;
   for (int64_t l = 0; l < r.full.n_layers(); ++l) {
     reads.full_bytes += slot_bytes() * static_cast<double>(r.full.length(l));
-    if (!r.full_only) reads.comp_bytes += slot_bytes() * static_cast<double>(r.comp.total_length(l));
+    if (!r.full_only) reads.comp_bytes += slot_bytes() * static_cast<double>(r.comp.total_length(l) + behind);
   }
   reads.transfer = options_.transfer != nullptr;
   return reads;
@@ -163,6 +165,10 @@ void DraftVerifyEngine::finish(EngineRequest& r) {
   if (r.ticket != 0) options_.transfer->wait(r.ticket);
   r.ticket = 0;
   r.staged.release(device_pool_);
+  // The resident bytes reported are those of a KV_comp holding every committed token.
+  if (Status s = catch_up_comp(r); !s.ok() && r.result.compressor_failure.empty()) {
+    r.result.compressor_failure = s.message();
+  }
   const int64_t layers = model_.config().n_layers;
   r.result.metrics.generated_tokens = static_cast<int64_t>(r.result.generation.tokens.size());
   r.result.metrics.full_kv_slots = r.committed * layers;
@@ -238,6 +244,22 @@ Status DraftVerifyEngine::pack_comp(EngineRequest& r) {
   return pack_front(*options_.compressor, packed_format_, device_pool_, *packed_pool_, r.comp, r.id);
 }
 
+bool DraftVerifyEngine::defers_comp_refill(const EngineRequest& r) const {
+  const Compressor* c = options_.compressor;
+  return r.drafts.empty() && !options_.eager_comp_refill_for_testing &&
+         (c == nullptr || c->mode() != CompressionMode::kOnline);
+}
+
+Status DraftVerifyEngine::catch_up_comp(EngineRequest& r) {
+  if (r.full_only || r.comp_end >= r.committed) return Status();
+  if (options_.test_fault.kind == TestFaultKind::kSkipCompCatchUp) {
+    r.comp_end = r.committed;
+    return Status();
+  }
+  refill_comp(r, device_pool_, host_pool_, r.committed);
+  return quantizer() ? pack_comp(r) : Status();
+}
+
 void DraftVerifyEngine::release_comp(EngineRequest& r) {
   if (packed_pool_) r.comp.release_packed(*packed_pool_);
   r.comp.release(device_pool_);
@@ -275,7 +297,8 @@ void DraftVerifyEngine::commit_window(EngineRequest& r, const float* rows) {
     }
   }
   const int64_t old = r.committed, end = old + v.accepted + 1;
-  roll_back(r, v.accepted, device_pool_, host_pool_, options_.transfer != nullptr, options_.draft_kv);
+  const bool defer = defers_comp_refill(r);
+  roll_back(r, v.accepted, device_pool_, host_pool_, options_.transfer != nullptr, options_.draft_kv, defer);
   if (!r.full_only && !r.window_rows.empty()) {
     // An online compressor sees the committed rows of the verify forward, then its drops apply.
     const Status s = feed_committed_rows(*options_.compressor, r.window_rows, end - old, r.id, options_.ratio, r.comp,
@@ -283,7 +306,7 @@ void DraftVerifyEngine::commit_window(EngineRequest& r, const float* rows) {
     r.window_rows.clear();
     if (!s.ok()) fall_back_to_full(r, s);
   }
-  if (quantizer() && !r.full_only) {
+  if (quantizer() && !r.full_only && !defer) {
     if (Status s = pack_comp(r); !s.ok()) fall_back_to_full(r, s);
   }
   r.committed = end;
@@ -405,6 +428,10 @@ Status DraftVerifyEngine::run_forward(std::vector<EngineRequest*>& members, doub
         fall_back_to_full(r, r.compressor_status);
         continue;
       }
+      if (options_.sink != nullptr) {
+        const int64_t position = r.committed + 1 + static_cast<int64_t>(r.drafts.size());
+        options_.sink->on_draft_logits(r.id, position, std::span<const float>(lossy, vocab));
+      }
       r.drafts.push_back(take_draft(lossy, vocab, r.req.sampling, options_.draft_sampling, r.draft_rng, &r.draft_probs));
       r.comp_end = r.committed + static_cast<int64_t>(r.drafts.size());
       const std::vector<float>* q = r.draft_probs.size() == r.drafts.size() ? &r.draft_probs.back() : nullptr;
@@ -450,6 +477,9 @@ Status DraftVerifyEngine::step() {
     if (r->phase == Phase::kDraft && r->drafts.empty()) {
       // A new window starts: how many tokens to draft (0: verify the last token alone).
       r->window = window_for(*r);
+      if (r->window > 0) {
+        if (Status s = catch_up_comp(*r); !s.ok()) fall_back_to_full(*r, s);  // sets the window to 0
+      }
       if (r->window == 0 && scheduler == nullptr) r->phase = Phase::kVerify;
     }
     if (scheduler == nullptr) {

@@ -114,6 +114,9 @@ struct EngineOptions {
   int64_t state_budget_bytes = 0;
   // Test-only: a fault the engine makes on purpose, so tests can show their checks fail.
   TestFault test_fault;
+  // Test-only: refill KV_comp after every window, also windows of no drafts (the engine defers
+  // that refill to the next window that drafts; tests compare the two).
+  bool eager_comp_refill_for_testing = false;
 };
 
 struct EngineResult {
@@ -228,6 +231,14 @@ class DraftVerifyEngine {
   void release_comp(EngineRequest& r);
   // A quantizer packs KV_comp's committed float slots in whole blocks (pack_front).
   Status pack_comp(EngineRequest& r);
+  // Whether the window r just verified leaves KV_comp's refill for later: a window of no drafts
+  // read KV_full alone, so a request decoding on its full cache does what plain full-KV decoding
+  // does (no copy into KV_comp, no packing). An online compressor must see each committed row as
+  // its forward computes it, so its requests refill after every window.
+  bool defers_comp_refill(const EngineRequest& r) const;
+  // Brings a KV_comp left behind up to the committed tokens (and packs them), before a window drafts
+  // and when the request finishes. Failures are the quantizer's (pack()).
+  Status catch_up_comp(EngineRequest& r);
   bool quantizer() const { return packed_pool_.has_value(); }
 
   const LlamaModel& model_;

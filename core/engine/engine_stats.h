@@ -88,6 +88,9 @@ class StatsSink {
   // token, else the verify row that accepted or corrected it): vocab_size floats, valid during the
   // call only. Lets a caller compare VeriCache's distributions with full-KV decoding's.
   virtual void on_token_logits(int64_t /*request_id*/, int64_t /*position*/, std::span<const float> /*logits*/) {}
+  // The compressed-cache logits that chose the draft for `position` (vocab_size floats, valid
+  // during the call only): what drafting saw, for comparing KV_comp states.
+  virtual void on_draft_logits(int64_t /*request_id*/, int64_t /*position*/, std::span<const float> /*logits*/) {}
 };
 
 }  // namespace vericache

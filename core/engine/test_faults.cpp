@@ -53,6 +53,8 @@ std::string describe_test_fault(const TestFault& fault) {
       return "draft_probs_from_next_row";
     case TestFaultKind::kTargetFromNextRow:
       return "target_from_next_row";
+    case TestFaultKind::kSkipCompCatchUp:
+      return "skip_comp_catch_up (tests only)";
   }
   return "unknown";
 }

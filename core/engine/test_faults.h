@@ -28,6 +28,9 @@ enum class TestFaultKind {
   // T > 0: p of draft i is taken from verify row i + 1 (row x keeps its own), every window of
   // every request: drafts are judged against the next position's full-KV distribution.
   kTargetFromNextRow,
+  // KV_comp left behind by windows of no drafts is never caught up: the next window drafts on a
+  // compressed cache missing the tokens decoded on the full cache (tests only; not parsed).
+  kSkipCompCatchUp,
 };
 
 struct TestFault {

@@ -22,7 +22,14 @@ WindowVerdict judge_window(EngineRequest& r, const float* rows, int64_t vocab, c
   return verify_sampled(r.drafts, r.draft_probs, options.draft_sampling, target, r.rng);
 }
 
-void roll_back(EngineRequest& r, int64_t accepted, PagePool& device, PagePool& host, bool transfer, DraftKv draft_kv) {
+void refill_comp(EngineRequest& r, PagePool& device, PagePool& host, int64_t end) {
+  const Status s = r.comp.append_range(device, r.full, host, r.comp_end, end - r.comp_end);
+  VC_CHECK(s.ok(), "refilling KV_comp: the admission reservation did not hold");
+  r.comp_end = end;
+}
+
+void roll_back(EngineRequest& r, int64_t accepted, PagePool& device, PagePool& host, bool transfer, DraftKv draft_kv,
+               bool defer_comp_refill) {
   const int64_t old = r.committed, end = old + accepted + 1;
   if (transfer) {
     // The verify forward wrote into the transient copy: carry the committed rows to the host store.
@@ -33,12 +40,10 @@ void roll_back(EngineRequest& r, int64_t accepted, PagePool& device, PagePool& h
   } else {
     r.full.truncate(host, end);
   }
-  if (r.full_only) return;
+  if (r.full_only || defer_comp_refill) return;
   r.comp_end = std::min(r.comp_end, draft_kv == DraftKv::kVerified ? old : end);
   r.comp.truncate_positions(device, r.comp_end);
-  const Status s = r.comp.append_range(device, r.full, host, r.comp_end, end - r.comp_end);
-  VC_CHECK(s.ok(), "refilling KV_comp: the admission reservation did not hold");
-  r.comp_end = end;
+  refill_comp(r, device, host, end);
 }
 
 }  // namespace vericache
