@@ -132,17 +132,17 @@ std::string first_difference(const DraftLogits& a, const DraftLogits& b) {
   return "";
 }
 
-// A window of no drafts leaves KV_comp behind (no copy, no packing: plain full-KV decoding); the next
-// window that drafts first brings it up to the committed tokens. The drafts are then exactly those of
-// an engine that refills KV_comp after every window — the same logits bit for bit — for offline
-// token droppers with verified and drafted K/V, and the resident cache reported at the end is the
-// same. (Online compressors — KVzap and the quantizers — see every committed row through update()
-// as its forward computes it, so they refill after every window.) Skipping the catch-up (a test-only fault) changes
-// the drafts, so the comparison can fail.
+// With an offline token dropper a window of no drafts leaves KV_comp behind (no copy: plain full-KV
+// decoding); the next window that drafts first brings it up to the committed tokens. The drafts are
+// then exactly those of an engine that refills KV_comp after every window — the same logits bit for
+// bit — with verified and drafted K/V, and the resident cache reported at the end is the same.
+// (Online compressors — KVzap and the quantizers — see every committed row through update() as its
+// forward computes it, so they refill after every window.) Skipping the catch-up (a test-only fault,
+// once per compressor) changes the drafts, so the comparison can fail.
 TEST(DraftPolicies, KvCompLeftBehindByWindowsOfNoneIsCaughtUpBeforeDrafting) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
-  const std::vector<GenerationRequest> requests = medium_requests(*m, 20, 48);
+  const std::vector<GenerationRequest> requests = medium_requests(*m, 20, 40);
   const std::vector<GenerationResult> reference = testing::full_kv(*m, requests);
   struct Case {
     std::string compressor;
@@ -175,6 +175,7 @@ TEST(DraftPolicies, KvCompLeftBehindByWindowsOfNoneIsCaughtUpBeforeDrafting) {
     EXPECT_EQ(lazy_run.totals.accepted_tokens, eager_run.totals.accepted_tokens) << label;
     EXPECT_EQ(lazy_run.totals.resident_kv_slots, eager_run.totals.resident_kv_slots) << label;
     EXPECT_EQ(lazy_run.totals.resident_kv_bytes, eager_run.totals.resident_kv_bytes) << label;
+    if (c.mode == DraftKv::kDrafted) continue;  // one fault run per compressor shows the check can fail
     const testing::EngineRun faulted_run = run(false, TestFaultKind::kSkipCompCatchUp, &faulted);
     testing::expect_identical(faulted_run, reference, label + ", catch-up skipped");  // still lossless
     EXPECT_NE(first_difference(eager, faulted), "") << label << ": skipping the catch-up went unnoticed";
