@@ -27,6 +27,7 @@
 //   context_sweep_prompt/ context, prompt, gamma, mismatches                 (prompt of a length)
 //   (compressor failures: requests whose compressor failed and that decoded on full KV instead)
 //   end_to_end/           prompt, prompt_tokens, generated, mismatches, first_mismatch (-1: none)
+//                         (step 4's run with the config's draft_policy; "fixed" in traces without one)
 //   decode_speed/         mode (0 full KV, 1 the compressed cache alone, 2 VeriCache), requests, tokens,
 //                         seconds, tok_s, mismatches, kv_bytes               (decoding mode at (c, x), every
 //                                                                            request in one batch: tokens after
@@ -37,6 +38,14 @@
 //   end_to_end_kl/        prompt, position, kl                              (output token of the end-to-end
 //                                                                            run: KL(p_full || p_VeriCache)
 //                                                                            of its distribution, nats)
+//   fixed_budget/         side (0 full KV, 1 VeriCache), budget_pages, pages_per_request, batch,
+//                         concurrent, tokens, seconds, tok_s, mismatches    (side of step 4's fixed-budget run:
+//                                                                            pages_per_request a whole cache or
+//                                                                            VeriCache's compressed one at its
+//                                                                            worst; concurrent: the most requests
+//                                                                            in one decode forward; only when the
+//                                                                            config's budget_full_requests > 0;
+//                                                                            absent in traces made before it)
 //   iterations/           x, seconds, draft_items, verify_items, rows, kv_slots_read
 //                                                                           (decode forward of an engine run)
 //   throughput_model/     x, measured_iteration_s, predicted_iteration_s, error (relative),

@@ -257,6 +257,16 @@ int report_status(const std::string& command, const Status& status) {
                                                        : report_error(status);
 }
 
+Result<TestFault> test_fault_from_environment(const std::string& command) {
+  const char* fault = std::getenv("VERICACHE_TEST_FAULT");
+  if (fault == nullptr || *fault == '\0') return TestFault{};
+  auto parsed = parse_test_fault(fault);
+  if (!parsed.ok()) return Status::invalid_argument("VERICACHE_TEST_FAULT: " + parsed.status().message());
+  std::fprintf(stderr, "[test-only fault injected (VERICACHE_TEST_FAULT=%s): this %s is wrong on purpose]\n", fault,
+               command == "run" ? "run" : ("vericache " + command + " run").c_str());
+  return *parsed;
+}
+
 int report_usage_error(const std::string& command, const std::string& message) {
   std::fprintf(stderr, "vericache %s: %s\nRun 'vericache %s --help' for the options.\n", command.c_str(),
                message.c_str(), command.c_str());

@@ -11,6 +11,7 @@
 #include <vericache/compressor.h>
 #include <vericache/status.h>
 
+#include "engine/test_faults.h"
 #include "model/llama_model.h"
 
 namespace vericache::cli {
@@ -129,6 +130,12 @@ int report_usage_error(const std::string& command, const std::string& message);
 // A failure caused by what the user typed (InvalidArgument: bad --params, an unreadable prompt
 // option) as a usage error, anything else as report_error.
 int report_status(const std::string& command, const Status& status);
+
+// Test-only: the engine fault named by the environment variable VERICACHE_TEST_FAULT
+// (engine/test_faults.h's form), so tests can see a command's checks fail; never an option. None
+// when unset; when set, says on stderr that `command`'s run is wrong on purpose. InvalidArgument for
+// a malformed value.
+Result<TestFault> test_fault_from_environment(const std::string& command);
 
 // Finds a compressor by name or path (also in `extra_dirs`), creates it with `json_params` and
 // attaches it to `model`. `path` receives the library's path.

@@ -244,13 +244,10 @@ int run_run(int argc, char** argv) {
                                                                           : o.state_memory_mb * 1e6);
   options.draft_kv = o.draft_kv == "drafted" ? DraftKv::kDrafted : DraftKv::kVerified;
   options.draft_sampling = o.draft_sampling == "argmax" ? DraftSampling::kArgmax : DraftSampling::kSampled;
-  // Test-only: a fault made on purpose so tests can see --check fail (engine/test_faults.h); never an option.
-  if (const char* fault = std::getenv("VERICACHE_TEST_FAULT"); fault != nullptr && *fault != '\0') {
-    auto parsed = parse_test_fault(fault);
-    if (!parsed.ok()) return report_usage_error("run", "VERICACHE_TEST_FAULT: " + parsed.status().message());
-    options.test_fault = *parsed;
-    std::fprintf(stderr, "[test-only fault injected (VERICACHE_TEST_FAULT=%s): this run is wrong on purpose]\n", fault);
-  }
+  // Test-only: a fault made on purpose so tests can see --check fail; never an option.
+  auto fault = test_fault_from_environment("run");
+  if (!fault.ok()) return report_status("run", fault.status());
+  options.test_fault = *fault;
   std::unique_ptr<TransferEngine> transfer;
   if (o.verify == "transfer") {
     transfer = std::make_unique<TransferEngine>(TransferOptions{o.link_gbps * 1e9});

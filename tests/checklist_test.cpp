@@ -20,8 +20,10 @@ using testing::CliRun;
 using testing::run_vericache;
 
 // The quick checklist on the default model and KVzip: four verdict lines; steps 1, 2 and 4 hold
-// (step 2 against the committed baseline for this configuration; every output token's distribution
-// exactly full-KV decoding's: KL 0); step 3 holds (median error <= 15%), or is not judged because
+// (step 2 against the committed baseline for this configuration; step 4 with the goodput policy,
+// every output token's distribution exactly full-KV decoding's: KL 0, and at a fixed budget of two
+// full-KV requests VeriCache runs a larger batch, all of it at once, token for token full-KV
+// decoding's); step 3 holds (median error <= 15%), or is not judged because
 // this machine's speed moved by more than 15% between the runs, which its line then shows; the exit
 // status is 0 (no verdict fails); the trace in a new run folder has the documented layout — read by
 // our reader and by h5py (harness/checklist/check_trace.py).
@@ -46,7 +48,9 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
                            "; gamma by temperature (sampled) 0.7: ", "; gamma by context (tokens, 1 prompt) 1024: ",
                            "; gamma within 0.02 of the committed baseline or above at x = 5, 10, 25 (closest: ",
                            "\n4. End-to-end        HOLDS         0 token mismatches in 48 tokens of 2 prompts (0 prompts differ); "
-                           "KL(full-KV || VeriCache) per token over 48 tokens: mean 0, max 0 nats;"}) {
+                           "KL(full-KV || VeriCache) per token over 48 tokens: mean 0, max 0 nats; --draft-policy "
+                           "goodput with windows of at most x = 25: mean window ",
+                           "; at a fixed device KV budget of 2 full-KV requests ("}) {
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   }
   std::vector<std::string> traces;
@@ -107,6 +111,22 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   EXPECT_LT(kv_bytes[1], 0.5 * kv_bytes[0]);
   EXPECT_LT(kv_bytes[2], 0.5 * kv_bytes[0]);
   for (double t : column("tok_s")) EXPECT_GT(t, 0.0);
+  // The fixed budget: full KV runs the 2 requests whose whole caches it holds; VeriCache's compressed
+  // caches (c = 0.25, at their worst: the declared bound, the 24 tokens to come and a window) let it
+  // run more of the set's prompts in the same pages, every one admitted at once and lossless.
+  const auto budget = [&](const char* name) {
+    auto c = read_hdf5_column(trace, std::string("fixed_budget/") + name);
+    EXPECT_TRUE(c.ok()) << name;
+    return c.ok() ? *c : std::vector<double>{0, 0};
+  };
+  EXPECT_EQ(budget("side"), (std::vector<double>{0, 1}));
+  const std::vector<double> batch = budget("batch"), concurrent = budget("concurrent");
+  EXPECT_EQ(batch[0], 2.0);
+  EXPECT_GE(batch[1], 2 * batch[0]);
+  EXPECT_EQ(concurrent[1], batch[1]);
+  EXPECT_LT(budget("pages_per_request")[1], 0.5 * budget("pages_per_request")[0]);
+  EXPECT_EQ(budget("mismatches"), (std::vector<double>{0, 0}));
+  for (double t : budget("tok_s")) EXPECT_GT(t, 0.0);
   EXPECT_NE(r.out.find("; decode tok/s, 2 requests in one batch on this machine: full KV "), std::string::npos) << r.out;
   // Its verify windows drive the simulator's acceptance.
   auto windows = read_hdf5_column(trace, "acceptance/drafted");
@@ -117,9 +137,9 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   EXPECT_EQ(nlohmann::json::parse(sim.out)["trace_windows"].get<size_t>(), windows->size());
 
   const std::string figures = std::filesystem::path(trace).parent_path().string() + "/figures";
-  EXPECT_NE(r.out.find("figures: " + figures + " (9 PNG, each with its data as CSV)\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("figures: " + figures + " (10 PNG, each with its data as CSV)\n"), std::string::npos) << r.out;
   for (const char* name : {"kl_growth", "acceptance", "acceptance_position", "accepted_lengths", "acceptance_cliff",
-                           "temperature", "context_length", "throughput_model", "decode_speed"}) {
+                           "temperature", "context_length", "throughput_model", "decode_speed", "fixed_budget"}) {
     for (const char* ext : {".png", ".csv"}) {
       EXPECT_GT(std::filesystem::file_size(figures + "/" + name + ext), 0u) << name << ext;
     }
@@ -139,6 +159,41 @@ TEST(Checklist, QuickRunGivesVerdictsAndAReadableTrace) {
   const CliRun h5py = testing::run_command(std::string(VC_PYTHON) + " " + testing::source_path("harness/checklist/check_trace.py") + " " + trace);
   EXPECT_EQ(h5py.exit_code, 0) << h5py.out << h5py.err;
   EXPECT_EQ(h5py.out.rfind("trace OK: " + trace, 0), 0u) << h5py.out;
+}
+
+// Step 4 can fail: with a test-only fault (VERICACHE_TEST_FAULT, engine/test_faults.h) the verify
+// row that decides request 1's output token 3 loses its largest logit in step 4's runs (equal batch
+// and fixed budget), so the engine commits another token there. Step 4 FAILS, the exit status is 1,
+// request 0 stays identical, the fixed-budget side counts mismatches too, and the trace's config
+// names the fault.
+TEST(Checklist, EndToEndFailsWhenTheEngineIsWrong) {
+  const std::string out = testing::temp_dir() + "/runs";
+  const CliRun r = testing::run_command(
+      "VERICACHE_TEST_FAULT=perturb_verify_row:1:3 " + std::string(VC_BINARY) +
+      " checklist --quick --compressor snapkv --kl-steps 4 --draft-lengths 5 -x 5 --ratios none --temperatures none "
+      "--contexts none --max-tokens 8 --budget-full-requests 1 --out-dir " + out);
+  ASSERT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("[test-only fault injected (VERICACHE_TEST_FAULT=perturb_verify_row:1:3): this vericache "
+                       "checklist run is wrong on purpose]"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("\n4. End-to-end        FAILS         "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" token mismatches in 16 tokens of 2 prompts (1 prompts differ)"), std::string::npos) << r.out;
+  std::vector<std::string> traces;
+  for (const auto& run : std::filesystem::directory_iterator(out)) traces.push_back(run.path().string() + "/trace.h5");
+  ASSERT_EQ(traces.size(), 1u);
+  auto mismatches = read_hdf5_column(traces[0], "end_to_end/mismatches");
+  ASSERT_TRUE(mismatches.ok());
+  ASSERT_EQ(mismatches->size(), 2u);
+  EXPECT_EQ((*mismatches)[0], 0.0);
+  EXPECT_GT((*mismatches)[1], 0.0);
+  auto budget = read_hdf5_column(traces[0], "fixed_budget/mismatches");
+  ASSERT_TRUE(budget.ok());
+  ASSERT_EQ(budget->size(), 2u);
+  EXPECT_GT((*budget)[1], 0.0);
+  auto attrs = cli::read_checklist_attributes(traces[0]);
+  ASSERT_TRUE(attrs.ok());
+  EXPECT_EQ(nlohmann::json::parse((*attrs)["config"])["test_fault"], "perturb_verify_row:1:3");
 }
 
 // `vericache figures` names what is wrong: no run, no trace, a trace of another version, a Python
@@ -174,7 +229,7 @@ TEST(Checklist, QuantizerRunsWithoutAKeptFraction) {
       "compressor": "kivi", "params": "{}", "ratio": 1.0, "prompt_set": "lossless_prompts/prompts.json",
       "prompts": 2, "max_tokens": 16, "gamma": {"5": 1.0, "10": 0.0}, "source": "a test's"}]})";
   const CliRun r = run_vericache("checklist --quick --compressor kivi --draft-lengths 5,10 -x 10 --temperatures none "
-                                 "--contexts none --kl-steps 16 --max-tokens 16 --baselines " + baselines +
+                                 "--contexts none --kl-steps 16 --max-tokens 16 --budget-full-requests 0 --baselines " + baselines +
                                  " --out-dir " + out);
   ASSERT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("; gamma below the committed baseline by more than 0.02 at x = 5: 0."), std::string::npos)
@@ -191,6 +246,7 @@ TEST(Checklist, QuantizerRunsWithoutAKeptFraction) {
   for (const auto& run : std::filesystem::directory_iterator(out)) traces.push_back(run.path().string() + "/trace.h5");
   ASSERT_EQ(traces.size(), 1u);
   EXPECT_FALSE(read_hdf5_column(traces[0], "ratio_sweep/ratio").ok());
+  EXPECT_FALSE(read_hdf5_column(traces[0], "fixed_budget/batch").ok());  // --budget-full-requests 0
   auto kl = read_hdf5_column(traces[0], "kl_growth/kl");
   ASSERT_TRUE(kl.ok());
   double sum = 0;

@@ -32,12 +32,13 @@ Result<std::vector<GenerationResult>> full_kv_reference(const LlamaModel& model,
 
 Result<FullKvComparison> compare_with_full_kv(const LlamaModel& model, const EngineOptions& options,
                                               std::span<const GenerationRequest> requests,
-                                              const std::vector<GenerationResult>& reference, int64_t page_size) {
+                                              const std::vector<GenerationResult>& reference, int64_t page_size,
+                                              const PoolOverrides& overrides) {
   if (reference.size() != requests.size()) {
     return Status::invalid_argument("compare_with_full_kv: " + std::to_string(reference.size()) + " references for " +
                                     std::to_string(requests.size()) + " requests");
   }
-  VC_ASSIGN_OR_RETURN(EnginePools pools, make_engine_pools(model, options, page_size, requests));
+  VC_ASSIGN_OR_RETURN(EnginePools pools, make_engine_pools(model, options, page_size, requests, overrides));
   FullKvComparison out;
   {
     DraftVerifyEngine engine(model, pools.device, pools.host, options);

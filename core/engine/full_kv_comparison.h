@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/draft_verify_engine.h"
+#include "engine/engine_pools.h"
 #include "engine/generator.h"
 
 namespace vericache {
@@ -44,11 +45,12 @@ struct FullKvComparison {
 Result<std::vector<GenerationResult>> full_kv_reference(const LlamaModel& model, std::span<const GenerationRequest> requests,
                                                         int64_t page_size = 16, GenerationStats* stats = nullptr);
 
-// Runs `requests` together on a DraftVerifyEngine with `options` (pools sized to hold them all) and
-// compares every request's tokens and finish reason with `reference` (full_kv_reference of the same
-// requests).
+// Runs `requests` on a DraftVerifyEngine with `options` (pools sized to hold them all at once, or as
+// `pools` overrides: requests then wait for pages) and compares every request's tokens and finish
+// reason with `reference` (full_kv_reference of the same requests).
 Result<FullKvComparison> compare_with_full_kv(const LlamaModel& model, const EngineOptions& options,
                                               std::span<const GenerationRequest> requests,
-                                              const std::vector<GenerationResult>& reference, int64_t page_size = 16);
+                                              const std::vector<GenerationResult>& reference, int64_t page_size = 16,
+                                              const PoolOverrides& pools = {});
 
 }  // namespace vericache

@@ -31,6 +31,8 @@ def check(path):
             if (group.removesuffix("_prompt"), config.get(group.split("_")[0] + "s")) in (
                     ("ratio_sweep", []), ("temperature_sweep", []), ("context_sweep", [])):
                 continue  # a sweep skipped with "none"
+            if group == "fixed_budget" and not config.get("budget_full_requests"):
+                continue  # step 4's fixed budget skipped (0), or a trace from before it
             if group not in f:
                 return f"no group {group}"
             for c in columns:
@@ -54,6 +56,8 @@ def check(path):
                    f"contexts x {config['context_prompts']} prompts"
         if list(f["decode_speed"]["mode"][:]) != [0, 1, 2]:
             return f"decode_speed/mode {list(f['decode_speed']['mode'][:])} != [0, 1, 2]"
+        if "fixed_budget" in lengths and list(f["fixed_budget"]["side"][:]) != [0, 1]:
+            return f"fixed_budget/side {list(f['fixed_budget']['side'][:])} != [0, 1]"
         if lengths["end_to_end"] != prompts:
             return f"end_to_end has {lengths['end_to_end']} rows for {prompts} prompts"
         if "throughput_model" in lengths and list(f["throughput_model"]["x"][:]) != config["draft_lengths"]:

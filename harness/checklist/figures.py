@@ -15,9 +15,12 @@ the data behind it as a CSV of the same name:
                        length at (c, x) against the prompt's length
   throughput_model     Eq. 3's iteration time against the measured one, per x
   decode_speed         decode tokens/s of full-KV decoding, of the compressed cache alone (lossy) and
-                       of VeriCache at (c, x), with how many greedy tokens each gets wrong
-(acceptance_cliff, temperature, context_length and throughput_model are absent when their sweep or
-step 3 did not run)
+                       of VeriCache at (c, x) with the run's draft policy, with how many greedy tokens
+                       each gets wrong
+  fixed_budget         decode tokens/s at step 4's fixed device KV budget: full KV at its batch,
+                       VeriCache at its larger one
+(acceptance_cliff, temperature, context_length, throughput_model and fixed_budget are absent when
+their sweep, step 3 or the fixed budget did not run)
 
     .venv/bin/python harness/checklist/figures.py RUN/trace.h5 RUN/figures
 
@@ -211,11 +214,28 @@ def decode_speed(f, attrs, config, out_dir):
         ax.annotate(f"{int(wrong)} tokens unlike full KV", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize="small")
     ax.set_ylabel("decode tokens/s (this machine)")
-    ax.set_title(title(attrs, config, f"Decode speed at x = {config['draft_length']}, "
+    policy = config.get("draft_policy", "fixed")
+    ax.set_title(title(attrs, config, f"Decode speed, VeriCache {policy} (x <= {config['draft_length']}), "
                                       f"{int(d['requests'][0])} requests in one batch"))
     rows = [(DECODE_MODES[int(m)], t, s, r, int(w), int(b)) for m, t, s, r, w, b in
             zip(d["mode"], d["tokens"], d["seconds"], d["tok_s"], d["mismatches"], d["kv_bytes"])]
     save(fig, out_dir, "decode_speed", ["mode", "tokens", "seconds", "tok_s", "mismatches", "kv_bytes"], rows)
+
+
+def fixed_budget(f, attrs, config, out_dir):
+    b = group(f, "fixed_budget")
+    if b is None:
+        return  # skipped (--budget-full-requests 0), or a trace from before the fixed-budget run
+    fig, ax = plt.subplots(figsize=(6, 4))
+    labels = [f"full KV, batch {int(b['batch'][0])}", f"VeriCache, batch {int(b['batch'][1])}"]
+    ax.bar(labels, b["tok_s"], color=["0.6", "C0"])
+    ax.set_ylabel("decode tokens/s (this machine)")
+    ax.set_title(title(attrs, config, f"At a fixed device KV budget of {config['budget_full_requests']:g} full-KV "
+                                      f"requests ({int(b['budget_pages'][0])} pages)"))
+    rows = [(labels[i], int(b["batch"][i]), int(b["pages_per_request"][i]), b["tokens"][i], b["seconds"][i],
+             b["tok_s"][i], int(b["mismatches"][i])) for i in range(2)]
+    save(fig, out_dir, "fixed_budget", ["side", "batch", "pages_per_request", "tokens", "seconds", "tok_s", "mismatches"],
+         rows)
 
 
 def draw(trace, out_dir):
@@ -226,7 +246,7 @@ def draw(trace, out_dir):
         config = json.loads(attrs["config"])
         os.makedirs(out_dir, exist_ok=True)
         for figure in (kl_growth, acceptance, acceptance_position, accepted_lengths, acceptance_cliff, temperature,
-                       context_length, throughput_model, decode_speed):
+                       context_length, throughput_model, decode_speed, fixed_budget):
             figure(f, attrs, config, out_dir)
     return None
 

@@ -20,6 +20,8 @@ GROUPS = {
     "end_to_end": ["prompt", "prompt_tokens", "generated", "mismatches", "first_mismatch"],
     "decode_speed": ["mode", "requests", "tokens", "seconds", "tok_s", "mismatches", "kv_bytes"],
     "end_to_end_kl": ["prompt", "position", "kl"],
+    "fixed_budget": ["side", "budget_pages", "pages_per_request", "batch", "concurrent", "tokens", "seconds", "tok_s",
+                     "mismatches"],
     "iterations": ["x", "seconds", "draft_items", "verify_items", "rows", "kv_slots_read"],
     "throughput_model": ["x", "measured_iteration_s", "predicted_iteration_s", "error", "eq3_bytes_s", "request_s",
                          "row_s", "bandwidth_bytes_per_s", "weight_bytes", "kv_full_bytes", "calibration_forwards",
