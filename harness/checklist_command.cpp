@@ -260,7 +260,7 @@ int run_checklist(int argc, char** argv) {
                         "committed baseline)";
   verdicts.push_back(acceptance);
   verdicts.push_back(throughput_model(setup, engine_steps->runs, x, max_tokens, trace));
-  const EndToEndOptions end_to_end_options{x, *policy, policy_args.policy, max_tokens, budget_full_requests, *fault};
+  const EndToEndOptions end_to_end_options{x, *policy, max_tokens, budget_full_requests, *fault};
   auto end_to_end_verdict = end_to_end(setup, end_to_end_options, greedy, *reference, full_stats, budget_prompts, trace);
   if (!end_to_end_verdict.ok()) return report_error(end_to_end_verdict.status());
   verdicts.push_back(*end_to_end_verdict);

@@ -193,12 +193,10 @@ Result<Verdict> end_to_end(const Setup& s, const EndToEndOptions& o, const std::
     reference_log_probs.push_back(std::move(lp));
   }
   EngineRun run;
-  run.x = o.x;
   run.reference = &reference_log_probs;
   run.setup = &s;
   VC_ASSIGN_OR_RETURN(const FullKvComparison result, run_engine(s, s.ratio, o.x, o.policy, greedy, reference, &run, {}, o.test_fault));
-  run.totals = result.totals;
-  run.gamma = result.totals.acceptance_rate();
+  run.totals = result.totals;  // decode_speeds reads the VeriCache side's counts from it
   int64_t mismatches = 0, tokens = 0, prompts_differing = 0;
   std::string failures;
   for (size_t p = 0; p < greedy.size(); ++p) {
@@ -233,7 +231,7 @@ Result<Verdict> end_to_end(const Setup& s, const EndToEndOptions& o, const std::
               (failures.empty() ? "" : "; compressor failures:" + failures) + "; KL(full-KV || VeriCache) per token over " +
               std::to_string(compared) + " tokens: mean " +
               fmt("%.3g", compared ? kl_sum / static_cast<double>(compared) : 0.0) + ", max " + fmt("%.3g", kl_max) +
-              " nats; --draft-policy " + o.policy_name + " with windows of at most x = " + std::to_string(o.x) +
+              " nats; --draft-policy " + draft_policy_name(o.policy.kind) + " with windows of at most x = " + std::to_string(o.x) +
               ": mean window " + fmt("%.2f", t.mean_window()) + " drafts, " + std::to_string(t.verify_windows - t.drafts) +
               " of " + std::to_string(t.verify_windows) + " windows of none, mean accepted length " +
               fmt("%.2f", t.mean_acceptance_length());

@@ -13,6 +13,7 @@
 // values; a verdict that fails is a Verdict with holds = 0, not an error.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -179,7 +180,6 @@ Verdict throughput_model(const Setup& s, const std::vector<EngineRun>& runs, int
 struct EndToEndOptions {
   int64_t x = 0;
   DraftPolicyOptions policy;
-  std::string policy_name;
   int64_t max_tokens = 0;
   double budget_full_requests = 0;
   TestFault test_fault;  // test-only: makes step 4's runs wrong on purpose (VERICACHE_TEST_FAULT)
