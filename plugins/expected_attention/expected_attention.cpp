@@ -6,13 +6,14 @@
 // non-sink keys of  mu'.k / sqrt(d) + k' Sigma' k / (2d)  (the log of E[exp(q.k / sqrt(d))]),
 // averaged over the query group and multiplied by ||v|| (plus epsilon first); sinks are kept.
 //
-// Pre-RoPE queries are linear in the attention input x (q_j = W_Q,j x), so observe() only keeps
-// the running mean and covariance of x over the prompt (float64, [d_model] and [d_model, d_model]
-// per layer and request); compress() maps them through W_Q: mu_j = W_Q,j E[x],
-// Sigma_j = W_Q,j Cov[x] W_Q,j^T.
+// observe() undoes RoPE on the forward's queries (the model's own, bias included) and keeps, per
+// layer and head, the running mean [head_dim] and covariance [head_dim, head_dim] of the pre-RoPE
+// queries over the prompt (float64): what the formula reads, n_heads * head_dim^2 doubles per
+// layer (about 9 MB per request on SmolLM2, 44 MB on Qwen2.5-Coder 1.5B).
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include <vericache/plugin_abi.h>
@@ -33,7 +34,7 @@ struct Options {
   double epsilon = 0.0;
 };
 
-// Per request: the attention inputs' moments, per layer.
+// Per request: the pre-RoPE queries' moments, per layer (groups = heads).
 using LayerMoments = std::vector<RunningMoments>;
 
 class ExpectedAttention : public TokenScorer<LayerMoments> {
@@ -44,22 +45,24 @@ class ExpectedAttention : public TokenScorer<LayerMoments> {
   Status observe(const RequestRows& rows, LayerMoments& moments) override {
     // Rows of sink positions are left out of the statistics.
     const at::Tensor use = rows.positions >= o_.n_sink;
-    const at::Tensor x = rows.hidden.to(at::kCPU, at::kFloat).index({use});
-    if (x.size(0) == 0) return Status();
+    const at::Tensor q = rows.q.to(at::kCPU, at::kFloat).index({use}).contiguous();  // [m, nh, hd] after RoPE
+    const at::Tensor positions = rows.positions.index({use});
+    const int64_t m = q.size(0);
+    if (m == 0) return Status();
     if (moments.size() <= static_cast<size_t>(rows.layer)) moments.resize(rows.layer + 1);
-    moments[rows.layer].add(x);
+    moments[rows.layer].add(unrotate(q, positions).transpose(0, 1));  // [nh, m, hd]
     return Status();
   }
 
   Status attach_impl(const ModelShape& model) override {
     shape_ = model;
+    rope_.emplace(model.rope_freq_base, model.head_dim);
     return Status();
   }
 
-  // The moments observe() keeps: per layer a float64 mean [d_model] and M2 [d_model, d_model],
-  // whatever the prompt's length (about 80 MB per request on SmolLM2, 0.5 GB on Qwen2.5-Coder 1.5B).
+  // The moments observe() keeps: per layer and head a float64 mean and M2, whatever the prompt's length.
   int64_t state_bytes(int64_t /*n*/) const override {
-    return shape_.n_layers * (shape_.d_model + shape_.d_model * shape_.d_model) * static_cast<int64_t>(sizeof(double));
+    return shape_.n_layers * RunningMoments::bytes(shape_.n_heads, shape_.head_dim);
   }
 
   // Sinks are kept.
@@ -80,24 +83,15 @@ class ExpectedAttention : public TokenScorer<LayerMoments> {
     const at::Tensor avg_rotation = mean_rotation(model, n, o_.n_future_positions, hd);  // [hd, hd]
     for (int64_t l = 0; l < shape.n_layers; ++l) {
       const RunningMoments& m = moments[l];
-      VC_ASSIGN_OR_RETURN(at::Tensor wq, model.weight("blk." + std::to_string(l) + ".attn_q.weight"));  // [nh*hd, d]
-      const at::Tensor wq64 = wq.to(at::kDouble);
-      const at::Tensor& mean_x = m.mean;
-      at::Tensor mu = at::matmul(wq64, mean_x).view({nh, hd});                              // pre-RoPE mean per head
-      // Models with a query bias (qwen2): E[W x + b] = W E[x] + b, as q_proj computes it in kvpress.
-      if (auto bq = model.weight("blk." + std::to_string(l) + ".attn_q.bias"); bq.ok()) {
-        mu += bq->to(at::kDouble).view({nh, hd});
-      }
-      const at::Tensor rmu = at::matmul(mu, avg_rotation.t()).to(at::kFloat);              // [nh, hd]
+      if (m.mean.size(0) != nh) return Status::internal("query statistics of another head count");
+      const at::Tensor rmu = at::matmul(m.mean, avg_rotation.t()).to(at::kFloat);          // [nh, hd]
 
       const at::Tensor keys = layer_keys(full_kv, l).narrow(1, o_.n_sink, n - o_.n_sink);  // [nkv, m, hd]
       const at::Tensor values = layer_values(full_kv, l).narrow(1, o_.n_sink, n - o_.n_sink);
       const at::Tensor keys_g = keys.repeat_interleave(group, 0);                          // [nh, m, hd]
       at::Tensor z = at::matmul(keys_g, rmu.unsqueeze(2)).squeeze(2) / std::sqrt(static_cast<double>(hd));
       if (o_.use_covariance) {
-        const at::Tensor cov_x = m.covariance();  // biased, as kvpress
-        const at::Tensor w3 = wq64.view({nh, hd, -1});
-        const at::Tensor cov = at::matmul(at::matmul(w3, cov_x), w3.transpose(1, 2));      // [nh, hd, hd]
+        const at::Tensor cov = m.covariance();  // [nh, hd, hd], biased, as kvpress
         const at::Tensor rcov = at::matmul(at::matmul(avg_rotation, cov), avg_rotation.t()).to(at::kFloat);
         z += (at::matmul(keys_g, rcov) * keys_g).sum(-1) / static_cast<double>(hd) / 2.0;
       }
@@ -109,8 +103,24 @@ class ExpectedAttention : public TokenScorer<LayerMoments> {
   }
 
  private:
+  // The queries q [m, nh, hd] (float32, after RoPE at `positions` [m]) before RoPE, float64.
+  at::Tensor unrotate(const at::Tensor& q, const at::Tensor& positions) const {
+    const int64_t m = q.size(0), pairs = rope_->pairs();
+    at::Tensor cos = at::empty({m, 1, pairs}, at::kFloat), sin = at::empty({m, 1, pairs}, at::kFloat);
+    const at::Tensor p = positions.to(at::kLong).contiguous();
+    for (int64_t r = 0; r < m; ++r) {
+      rope_->angles(p.data_ptr<int64_t>()[r], cos.data_ptr<float>() + r * pairs, sin.data_ptr<float>() + r * pairs);
+    }
+    const at::Tensor c = cos.to(at::kDouble), s = sin.to(at::kDouble);
+    const at::Tensor pair = q.to(at::kDouble).view({m, q.size(1), pairs, 2});
+    const at::Tensor a = pair.select(3, 0), b = pair.select(3, 1);
+    // The inverse of (a, b) -> (a c - b s, a s + b c).
+    return at::stack({a * c + b * s, b * c - a * s}, 3).view({m, q.size(1), 2 * pairs});
+  }
+
   Options o_;
   ModelShape shape_;
+  std::optional<Rope> rope_;
 };
 
 Status make_expected_attention(const std::string& json, std::unique_ptr<Compressor>* out) {
