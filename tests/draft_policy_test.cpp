@@ -142,6 +142,49 @@ TEST(DraftPolicy, GoodputFallsBackToFullKvAndProbesAgain) {
   EXPECT_EQ(s.probe_every, 0);
 }
 
+TEST(DraftPolicy, GoodputDoesNotProbeWhereEvenPerfectDraftsCannotPay) {
+  DraftPolicyOptions o;
+  o.kind = DraftPolicyKind::kGoodput;
+  o.probe_every = 5;
+  o.probe_every_max = 30;
+  o.probe_length = 3;
+  const double weights = 1e7;
+  DraftPolicy p(o, 16, weights);
+  DraftPolicyState s;
+  // A draft step reads as much as a verify (15 ms each): a window of w costs (w + 1) x 15 ms for at
+  // most w + 1 tokens, never better than window 0's 1 token in 15 ms.
+  const RequestReads same{4e6, 4e6, false};
+  EXPECT_EQ(p.next_window(s, same), 3);  // nothing fitted yet: a probe
+  observe_linear_forwards(p, weights);
+  EXPECT_EQ(p.next_window(s, same), 0);  // no window seen, yet no probe
+  for (int64_t i = 0; i < o.probe_every_max; ++i) {
+    EXPECT_EQ(p.next_window(s, same), 0) << i;  // past probe_every: still none
+    p.observe_window(s, 0, 0);
+  }
+  EXPECT_EQ(p.next_window(s, same), 3);  // the longest interval's probe refreshes the costs
+  // A draft step that reads a quarter of the bytes: drafting could pay, so the usual rules (no
+  // window seen yet: a probe).
+  EXPECT_EQ(p.next_window(DraftPolicyState{}, RequestReads{1e6, 4e6, false}), 3);
+}
+
+TEST(DraftPolicy, GoodputWindowsGrowAtMostTwofoldBeyondTheLongestSeen) {
+  DraftPolicyOptions o;
+  o.kind = DraftPolicyKind::kGoodput;
+  o.probe_length = 3;
+  const double weights = 1e7;
+  DraftPolicy p(o, 16, weights);
+  observe_linear_forwards(p, weights);
+  DraftPolicyState s;
+  const RequestReads reads{1e6, 4e6, false};  // drafting pays when drafts are accepted
+  EXPECT_EQ(p.next_window(s, reads), 3);     // no window seen: a probe
+  p.observe_window(s, 3, 3);                 // every draft accepted: alpha = 1 extrapolated
+  EXPECT_EQ(p.next_window(s, reads), 6);     // not 16
+  p.observe_window(s, 6, 6);
+  EXPECT_EQ(p.next_window(s, reads), 12);
+  p.observe_window(s, 12, 12);
+  EXPECT_EQ(p.next_window(s, reads), 16);  // x
+}
+
 TEST(DraftPolicy, TestWindowsOverrideEveryPolicy) {
   DraftPolicyOptions o;
   o.kind = DraftPolicyKind::kGoodput;

@@ -173,12 +173,23 @@ WindowCosts DraftPolicy::costs_for(const RequestReads& reads) const {
 int64_t DraftPolicy::goodput_next(const DraftPolicyState& state, const RequestReads& reads) const {
   const int64_t probe = std::min(options_.probe_length, max_drafts_);
   if (!fitted_) return probe;
+  const WindowCosts costs = costs_for(reads);
+  // No window pays even if every draft were accepted: the costs alone say decode on KV_full, and
+  // only the longest interval's probe (which refreshes the fitted costs) drafts.
+  if (goodput_window(std::vector<double>{1.0}, costs, max_drafts_, options_.goodput_margin) == 0) {
+    return state.tokens_since_draft >= options_.probe_every_max ? probe : 0;
+  }
   std::vector<sim::WindowSample> windows(state.windows.begin(), state.windows.end());
   windows.insert(windows.end(), recent_windows_.begin(), recent_windows_.end());
   if (windows.empty()) return probe;
   Result<std::vector<double>> alphas = sim::acceptance_by_position(windows, kMinReached);
   if (!alphas.ok()) return probe;
-  const int64_t w = goodput_window(*alphas, costs_for(reads), max_drafts_, options_.goodput_margin);
+  // Past the longest window drafted, the acceptance is extrapolated (a probe whose drafts were all
+  // accepted reads as alpha = 1 at every position): windows grow at most twofold beyond it.
+  int64_t longest = 0;
+  for (const sim::WindowSample& w : windows) longest = std::max(longest, w.drafted);
+  const int64_t most = std::clamp<int64_t>(2 * longest, probe, max_drafts_);
+  const int64_t w = goodput_window(*alphas, costs, most, options_.goodput_margin);
   return w == 0 && state.tokens_since_draft >= probe_interval(state) ? probe : w;
 }
 

@@ -27,7 +27,14 @@
 //               1 + `goodput_margin`: the fitted costs are estimates, and a draft window that is
 //               only as good as full-KV decoding on paper loses to it in practice. Until costs are
 //               fitted (after 4 decode forwards; refitted every forward up to 16, then every 16) and
-//               while no window was seen, windows are probes.
+//               while no window was seen, windows are probes. Where the fitted costs alone rule
+//               drafting out (no window beats window 0 by the margin even if every draft were
+//               accepted: on the CPU, short contexts where a draft step costs nearly a decode step),
+//               the request decodes on KV_full without probing, except one probe each
+//               `probe_every_max` tokens, which refreshes the costs. A window is at most twice the
+//               longest window in the history it estimates from (beyond that the acceptance is
+//               extrapolated: 4 drafts all accepted read as alpha = 1 everywhere), so windows grow
+//               4, 8, 16, ... as long windows prove out.
 //
 // With a reload scheduler (EngineOptions::scheduler) the policy's window is the draft count the
 // scheduler plans the request's verify at; the request drafts until that verify is due (a reload

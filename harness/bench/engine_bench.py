@@ -72,7 +72,9 @@ def main():
          f"batch 1 runs the first") +
         f"; each prompt prefilled once and compressed once at c = {args.ratio}; {args.decode_tokens} tokens per "
         f"request, EOS ignored",
-        "- full-KV tok/s: the baseline in the same run (one token per request per step); mismatches: tokens that "
+        "- full-KV tok/s: the baseline in the same run, decoded again just before each VeriCache row (the ratios of a "
+        "row are against that adjacent run: the machine's speed drifts between runs minutes apart; one token per "
+        "request per step); mismatches: tokens that "
         "differ from it (must be 0)",
         "- mean acceptance length: 1 + accepted / drafts (vLLM's definition, the correction or bonus token "
         "included); acceptance rate: accepted / drafted",
