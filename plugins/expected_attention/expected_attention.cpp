@@ -43,6 +43,7 @@ class ExpectedAttention : public TokenScorer<LayerMoments> {
 
  protected:
   Status observe(const RequestRows& rows, LayerMoments& moments) override {
+    if (!rope_) return Status::internal("expected_attention: observe() before attach()");
     // Rows of sink positions are left out of the statistics.
     const at::Tensor use = rows.positions >= o_.n_sink;
     const at::Tensor q = rows.q.to(at::kCPU, at::kFloat).index({use}).contiguous();  // [m, nh, hd] after RoPE
