@@ -92,6 +92,17 @@ TEST(DraftPolicy, ConfidenceStopsBelowItsThresholdOnly) {
 }
 
 // Forwards whose seconds follow request_s = 1 ms per item and 1 ns per byte read.
+// Goodput, probing with windows of 3 after 5 tokens at 0 (the interval doubling up to 30).
+DraftPolicyOptions goodput_options() {
+  DraftPolicyOptions o;
+  o.kind = DraftPolicyKind::kGoodput;
+  o.probe_every = 5;
+  o.probe_every_max = 30;
+  o.probe_length = 3;
+  return o;
+}
+constexpr double kWeightBytes = 1e7;
+
 void observe_linear_forwards(DraftPolicy& p, double weight_bytes) {
   for (int i = 0; i < 64; ++i) {
     const int64_t items = 1 + i % 3, further = (i % 4) * 3;
@@ -101,13 +112,8 @@ void observe_linear_forwards(DraftPolicy& p, double weight_bytes) {
 }
 
 TEST(DraftPolicy, GoodputFallsBackToFullKvAndProbesAgain) {
-  DraftPolicyOptions o;
-  o.kind = DraftPolicyKind::kGoodput;
-  o.probe_every = 5;
-  o.probe_every_max = 30;
-  o.probe_length = 3;
-  const double weights = 1e7;
-  DraftPolicy p(o, 16, weights);
+  const double weights = kWeightBytes;
+  DraftPolicy p(goodput_options(), 16, weights);
   DraftPolicyState s;
   const RequestReads reads{1e6, 4e6, false};
   EXPECT_EQ(p.next_window(s, reads), 3);  // nothing fitted yet: a probe
@@ -143,19 +149,14 @@ TEST(DraftPolicy, GoodputFallsBackToFullKvAndProbesAgain) {
 }
 
 TEST(DraftPolicy, GoodputDoesNotProbeWhereEvenPerfectDraftsCannotPay) {
-  DraftPolicyOptions o;
-  o.kind = DraftPolicyKind::kGoodput;
-  o.probe_every = 5;
-  o.probe_every_max = 30;
-  o.probe_length = 3;
-  const double weights = 1e7;
-  DraftPolicy p(o, 16, weights);
+  const DraftPolicyOptions o = goodput_options();
+  DraftPolicy p(o, 16, kWeightBytes);
   DraftPolicyState s;
   // A draft step reads as much as a verify (15 ms each): a window of w costs (w + 1) x 15 ms for at
   // most w + 1 tokens, never better than window 0's 1 token in 15 ms.
   const RequestReads same{4e6, 4e6, false};
   EXPECT_EQ(p.next_window(s, same), 3);  // nothing fitted yet: a probe
-  observe_linear_forwards(p, weights);
+  observe_linear_forwards(p, kWeightBytes);
   EXPECT_EQ(p.next_window(s, same), 0);  // no window seen, yet no probe
   for (int64_t i = 0; i < o.probe_every_max; ++i) {
     EXPECT_EQ(p.next_window(s, same), 0) << i;  // past probe_every: still none
@@ -168,12 +169,8 @@ TEST(DraftPolicy, GoodputDoesNotProbeWhereEvenPerfectDraftsCannotPay) {
 }
 
 TEST(DraftPolicy, GoodputWindowsGrowAtMostTwofoldBeyondTheLongestSeen) {
-  DraftPolicyOptions o;
-  o.kind = DraftPolicyKind::kGoodput;
-  o.probe_length = 3;
-  const double weights = 1e7;
-  DraftPolicy p(o, 16, weights);
-  observe_linear_forwards(p, weights);
+  DraftPolicy p(goodput_options(), 16, kWeightBytes);
+  observe_linear_forwards(p, kWeightBytes);
   DraftPolicyState s;
   const RequestReads reads{1e6, 4e6, false};  // drafting pays when drafts are accepted
   EXPECT_EQ(p.next_window(s, reads), 3);     // no window seen: a probe
