@@ -728,10 +728,11 @@ TEST(Cli, RunRejectsBadOptionsWithOneLine) {
   EXPECT_EQ(plugin.exit_code, 1);
   EXPECT_EQ(plugin.err.rfind("vericache: error: ", 0), 0u) << plugin.err;
   // The compressor's own state counts against --state-memory-mb (Compressor::footprint):
-  // ExpectedAttention's moments, 30 layers x (576 + 576^2) float64 = 79,764,480 bytes on SmolLM2.
+  // ExpectedAttention's per-head query moments, 30 layers x 9 heads x (64 + 64^2) float64 =
+  // 8,985,600 bytes on SmolLM2.
   const CliRun state = run_vericache("run -p hi --compressor expected_attention --state-memory-mb 1");
   EXPECT_EQ(state.exit_code, 1);
-  EXPECT_NE(state.err.find("request 0 can never fit: expected_attention holds 79764480 bytes of state for it "
+  EXPECT_NE(state.err.find("request 0 can never fit: expected_attention holds 8985600 bytes of state for it "
                            "(budget: 1000000 bytes)"),
             std::string::npos)
       << state.err;
