@@ -176,7 +176,8 @@ int64_t DraftPolicy::goodput_next(const DraftPolicyState& state, const RequestRe
   const WindowCosts costs = costs_for(reads);
   // No window pays even if every draft were accepted: the costs alone say decode on KV_full, and
   // only the longest interval's probe (which refreshes the fitted costs) drafts.
-  if (goodput_window(std::vector<double>{1.0}, costs, max_drafts_, options_.goodput_margin) == 0) {
+  static constexpr double kEveryDraftAccepted[] = {1.0};
+  if (goodput_window(kEveryDraftAccepted, costs, max_drafts_, options_.goodput_margin) == 0) {
     return state.tokens_since_draft >= options_.probe_every_max ? probe : 0;
   }
   std::vector<sim::WindowSample> windows(state.windows.begin(), state.windows.end());

@@ -46,12 +46,14 @@ class ExpectedAttention : public TokenScorer<LayerMoments> {
     if (!rope_) return Status::internal("expected_attention: observe() before attach()");
     // Rows of sink positions are left out of the statistics.
     const at::Tensor use = rows.positions >= o_.n_sink;
-    const at::Tensor q = rows.q.to(at::kCPU, at::kFloat).index({use}).contiguous();  // [m, nh, hd] after RoPE
+    // [m, nh, hd] after RoPE; index() copies, so the rows can be rotated back in place.
+    at::Tensor q = rows.q.to(at::kCPU, at::kFloat).index({use}).contiguous();
     const at::Tensor positions = rows.positions.index({use});
     const int64_t m = q.size(0);
     if (m == 0) return Status();
     if (moments.size() <= static_cast<size_t>(rows.layer)) moments.resize(rows.layer + 1);
-    moments[rows.layer].add(unrotate(q, positions).transpose(0, 1));  // [nh, m, hd]
+    unrotate(q, positions);
+    moments[rows.layer].add(q.transpose(0, 1));  // [nh, m, hd]
     return Status();
   }
 
@@ -104,19 +106,16 @@ class ExpectedAttention : public TokenScorer<LayerMoments> {
   }
 
  private:
-  // The queries q [m, nh, hd] (float32, after RoPE at `positions` [m]) before RoPE, float64.
-  at::Tensor unrotate(const at::Tensor& q, const at::Tensor& positions) const {
-    const int64_t m = q.size(0), pairs = rope_->pairs();
-    at::Tensor cos = at::empty({m, 1, pairs}, at::kFloat), sin = at::empty({m, 1, pairs}, at::kFloat);
+  // Undoes RoPE in place on q [m, nh, hd] (contiguous float32, rotated at `positions` [m]).
+  void unrotate(at::Tensor& q, const at::Tensor& positions) const {
+    const int64_t m = q.size(0), heads = q.size(1), hd = q.size(2);
+    float* data = q.data_ptr<float>();
     const at::Tensor p = positions.to(at::kLong).contiguous();
+    std::vector<float> cos(rope_->pairs()), sin(rope_->pairs());
     for (int64_t r = 0; r < m; ++r) {
-      rope_->angles(p.data_ptr<int64_t>()[r], cos.data_ptr<float>() + r * pairs, sin.data_ptr<float>() + r * pairs);
+      rope_->angles(p.data_ptr<int64_t>()[r], cos.data(), sin.data());
+      for (int64_t h = 0; h < heads; ++h) rope_->rotate(data + (r * heads + h) * hd, cos.data(), sin.data(), true);
     }
-    const at::Tensor c = cos.to(at::kDouble), s = sin.to(at::kDouble);
-    const at::Tensor pair = q.to(at::kDouble).view({m, q.size(1), pairs, 2});
-    const at::Tensor a = pair.select(3, 0), b = pair.select(3, 1);
-    // The inverse of (a, b) -> (a c - b s, a s + b c).
-    return at::stack({a * c + b * s, b * c - a * s}, 3).view({m, q.size(1), 2 * pairs});
   }
 
   Options o_;
