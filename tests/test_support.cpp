@@ -31,9 +31,12 @@ namespace {
 
 // The model at `path`, loaded on first use and kept for the process; nullptr and a failed test
 // when it cannot be loaded.
-const LlamaModel* cached_model(std::unique_ptr<LlamaModel>* model, Status* status, const std::string& path) {
+const LlamaModel* cached_model(std::unique_ptr<LlamaModel>* model, Status* status, const std::string& path,
+                               Compute compute = Compute::kFloat32) {
   if (*model == nullptr && status->ok()) {
-    auto loaded = LlamaModel::load(path);
+    LoadOptions options;
+    options.compute = compute;
+    auto loaded = LlamaModel::load(path, options);
     if (loaded.ok()) {
       *model = std::move(loaded).value();
     } else {
@@ -50,6 +53,18 @@ const LlamaModel* default_model() {
   static std::unique_ptr<LlamaModel> model;
   static Status status;
   return cached_model(&model, &status, default_model_path());
+}
+
+const LlamaModel* default_integer_model() {
+  static std::unique_ptr<LlamaModel> model;
+  static Status status;
+  return cached_model(&model, &status, default_model_path(), Compute::kInteger);
+}
+
+const LlamaModel* qwen_integer_model() {
+  static std::unique_ptr<LlamaModel> model;
+  static Status status;
+  return cached_model(&model, &status, qwen_model_path(), Compute::kInteger);
 }
 
 const LlamaModel* qwen_model() {

@@ -24,6 +24,9 @@ std::string qwen_1_5b_model_path();
 const LlamaModel* qwen_1_5b_model();
 // The default model, loaded once per test process; nullptr (and a failed test) when unavailable.
 const LlamaModel* default_model();
+// The default model and Qwen2.5-Coder 0.5B loaded with Compute::kInteger, once per test process.
+const LlamaModel* default_integer_model();
+const LlamaModel* qwen_integer_model();
 // Token ids of a prompt as `vericache run` makes them: wrapped as a user message in the model's chat
 // template when `chat`, a BOS token first when the model wants one.
 std::vector<int32_t> prompt_ids(const LlamaModel& model, const std::string& text, bool chat);

@@ -1,4 +1,4 @@
-// The float32 CPU forward on VeriCache's row-count-invariant kernels (kernels/cpu_kernels.h).
+// The CPU forward on VeriCache's row-count-invariant kernels (kernels/cpu_kernels.h).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -21,13 +21,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // Columns are handed to threads in groups of this many, so column tiles stay whole.
 constexpr int64_t kColumnGroup = 8;
 
-void parallel_linear(const cpu::KernelTable& k, const float* x, int64_t ldx, int64_t m, const cpu::WeightView& w,
-                     float* y, int64_t ldy) {
-  const int64_t n = w.n;
-  ThreadPool::global().parallel_for((n + kColumnGroup - 1) / kColumnGroup, 1, [&](int64_t g0, int64_t g1) {
-    k.linear(x, ldx, m, w, g0 * kColumnGroup, std::min(n, g1 * kColumnGroup), y, ldy);
-  });
-}
+// Activation rows quantized for the integer kernels; reused across calls on the calling thread.
+struct QuantizedBuffers {
+  std::vector<int8_t> codes;
+  std::vector<float> scales;
+  std::vector<int32_t> half_sums;
+};
 
 void parallel_rms_norm(const cpu::KernelTable& k, const float* x, int64_t rows, int64_t d, const at::Tensor& w,
                        float eps, float* y) {
@@ -38,6 +37,33 @@ void parallel_rms_norm(const cpu::KernelTable& k, const float* x, int64_t rows, 
 }
 
 }  // namespace
+
+void LlamaModel::parallel_linear(const float* x, int64_t ldx, int64_t rows, const Weight& w, float* y,
+                                 int64_t ldy) const {
+  if (compute_ == Compute::kInteger && w.int_view) {
+    const cpu::IntKernelTable& ik = *int_kernels_;
+    const int64_t k = w.int_view->k;
+    thread_local QuantizedBuffers buffers;
+    QuantizedBuffers& q = buffers;  // the calling thread's: workers must not name the thread_local
+    q.codes.resize(rows * k);
+    q.scales.resize(rows * k / cpu::kQuantBlock);
+    q.half_sums.resize(rows * k / (cpu::kQuantBlock / 2));
+    ThreadPool::global().parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
+      ik.quantize_rows(x + r0 * ldx, ldx, r1 - r0, k, q.codes.data() + r0 * k, q.scales.data() + r0 * (k / 32),
+                       q.half_sums.data() + r0 * (k / 16));
+    });
+    const cpu::QuantizedRows xq{q.codes.data(), q.scales.data(), q.half_sums.data(), rows, k};
+    ThreadPool::global().parallel_for(w.int_view->panels(), 1, [&](int64_t p0, int64_t p1) {
+      ik.linear(xq, *w.int_view, p0, p1, y, ldy);
+    });
+    return;
+  }
+  const cpu::KernelTable& k = *kernels_;
+  const int64_t n = w.view.n;
+  ThreadPool::global().parallel_for((n + kColumnGroup - 1) / kColumnGroup, 1, [&](int64_t g0, int64_t g1) {
+    k.linear(x, ldx, rows, w.view, g0 * kColumnGroup, std::min(n, g1 * kColumnGroup), y, ldy);
+  });
+}
 
 Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::vector<int64_t>& begin,
                                at::Tensor* logits, const LayerObserver& observer, ForwardTimes* times) const {
@@ -146,7 +172,7 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     }
     attention_seconds += seconds_since(attention_start);
     parallel_rms_norm(k, x.data(), rows, d, L.attn_norm, eps, h.data());
-    parallel_linear(k, h.data(), d, rows, L.wqkv.view, qkv.data(), qkv_width);
+    parallel_linear(h.data(), d, rows, L.wqkv, qkv.data(), qkv_width);
     if (L.bqkv.defined()) {
       const float* b = L.bqkv.data_ptr<float>();
       for (int64_t r = 0; r < rows; ++r)
@@ -228,18 +254,18 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
       VC_RETURN_IF_ERROR(observer(acts));
     }
 
-    parallel_linear(k, attn.data(), q_width, rows, L.wo.view, proj.data(), d);
+    parallel_linear(attn.data(), q_width, rows, L.wo, proj.data(), d);
     for (int64_t e = 0; e < rows * d; ++e) x[e] += proj[e];
 
     parallel_rms_norm(k, x.data(), rows, d, L.ffn_norm, eps, h.data());
-    parallel_linear(k, h.data(), d, rows, L.w_gate_up.view, gate_up.data(), 2 * dff);
+    parallel_linear(h.data(), d, rows, L.w_gate_up, gate_up.data(), 2 * dff);
     ThreadPool::global().parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const float* g = gate_up.data() + r * 2 * dff;
         k.silu_mul(g, g + dff, dff, act.data() + r * dff);
       }
     });
-    parallel_linear(k, act.data(), dff, rows, L.w_down.view, proj.data(), d);
+    parallel_linear(act.data(), dff, rows, L.w_down, proj.data(), d);
     for (int64_t e = 0; e < rows * d; ++e) x[e] += proj[e];
   }
 
@@ -250,7 +276,7 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     k.rms_norm(x.data() + out_rows[j] * d, d, output_norm_.data_ptr<float>(), eps, final_h.data() + j * d);
   }
   *logits = at::empty({n_out, c.vocab_size}, at::kFloat);
-  if (n_out > 0) parallel_linear(k, final_h.data(), d, n_out, output_.view, logits->data_ptr<float>(), c.vocab_size);
+  if (n_out > 0) parallel_linear(final_h.data(), d, n_out, output_, logits->data_ptr<float>(), c.vocab_size);
   if (times != nullptr) times->attention_seconds += attention_seconds;
   return Status();
 }

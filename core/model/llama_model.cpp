@@ -13,6 +13,7 @@
 
 #include "model/ggml_dequant.h"
 #include "model/model_shapes.h"
+#include "model/int8_repack.h"
 #include "model/weight_repack.h"
 #include "util/check.h"
 #include "util/printable.h"
@@ -146,11 +147,51 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::with_random_weights(const std::s
 Status LlamaModel::finish_loading() {
   build_rope_table();
   kernels_ = &cpu::best_kernels();
+  int_kernels_ = &cpu::best_int_kernels();
   fingerprint_ = compute_fingerprint();
   VC_RETURN_IF_ERROR(place_weights());
-  auto bytes = [](const Weight& w) { return static_cast<int64_t>(w.tensor.nbytes()); };
-  decode_weight_bytes_ = bytes(output_);
-  for (const Layer& L : layers_) decode_weight_bytes_ += bytes(L.wqkv) + bytes(L.wo) + bytes(L.w_gate_up) + bytes(L.w_down);
+  return set_compute(options_.compute);
+}
+
+const char* compute_name(Compute compute) { return compute == Compute::kInteger ? "integer" : "float32"; }
+
+int64_t LlamaModel::matrix_bytes(const Weight& w) const {
+  if (compute_ == Compute::kInteger && w.int_view) return static_cast<int64_t>(w.int_tensor.nbytes());
+  return static_cast<int64_t>(w.tensor.nbytes());
+}
+
+Status LlamaModel::set_compute(Compute compute) {
+  if (compute == Compute::kInteger) {
+    if (path_ != ForwardPath::kCpuKernels) return Status::invalid_argument("integer compute needs the CPU kernels");
+    bool any = false;
+    auto build = [&](Weight& w) {
+      if (w.int_view || w.view.data == nullptr) {
+        any = any || w.int_view.has_value();
+        return;
+      }
+      const auto format = int_weight_format(w.view.format);
+      if (!format || w.view.k % cpu::kQuantBlock != 0) return;
+      w.int_tensor = at::empty({int_panels_bytes(*format, w.view.n, w.view.k)}, at::kByte);
+      w.int_view = repack_int_panels(w.view, w.int_tensor.data_ptr<uint8_t>());
+      any = true;
+    };
+    for (Layer& L : layers_) {
+      build(L.wqkv);
+      build(L.wo);
+      build(L.w_gate_up);
+      build(L.w_down);
+    }
+    build(output_);
+    if (!any) {
+      return Status::invalid_argument("integer compute needs quantized weight matrices; this model holds float " +
+                                      std::string("ones (a float GGUF, or loaded with quantized_weights = false)"));
+    }
+  }
+  compute_ = compute;
+  decode_weight_bytes_ = matrix_bytes(output_);
+  for (const Layer& L : layers_) {
+    decode_weight_bytes_ += matrix_bytes(L.wqkv) + matrix_bytes(L.wo) + matrix_bytes(L.w_gate_up) + matrix_bytes(L.w_down);
+  }
   return Status();
 }
 

@@ -35,6 +35,7 @@
 #include <vericache/status.h>
 
 #include "kernels/cpu_kernels.h"
+#include "kernels/int8_linear.h"
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
 #include "model/chat_template.h"
@@ -51,6 +52,18 @@ enum class LogitRows {
 
 enum class ForwardPath { kCpuKernels, kTorch };
 
+// The CPU kernels' arithmetic for quantized weight matrices (DESIGN.md, "Arithmetic modes").
+//   kFloat32  weights dequantized to float32 in registers, float32 products: matches transformers
+//             bit for bit (the reference mode).
+//   kInteger  activations quantized per row to 8-bit blocks, integer dot products with the weights'
+//             own codes, one fixed float order (kernels/int8_linear.h): faster, not equal to
+//             float32, but row-count and batch invariant and bitwise equal across instruction sets.
+//             float32 matrices (and float32 models) keep the float32 arithmetic.
+// Both are row-count invariant, so VeriCache is lossless in either, provided a run and its full-KV
+// reference use the same mode.
+enum class Compute { kFloat32, kInteger };
+const char* compute_name(Compute compute);  // "float32" or "integer"
+
 struct LoadOptions {
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kFloat;  // weights and KV; the CPU kernels need float32
@@ -60,6 +73,9 @@ struct LoadOptions {
   // blocks only when the three share a type. false: dequantize every matrix to float32 at load.
   // Other types are always dequantized at load; other devices always get dequantized weights.
   bool quantized_weights = true;
+  // The CPU kernels' arithmetic (see Compute); kInteger needs quantized_weights on the CPU and
+  // repacks the quantized matrices once at load into the integer kernels' panels.
+  Compute compute = Compute::kFloat32;
 };
 
 // One request's part of a forward. Each item names its own cache and the pool holding that
@@ -127,8 +143,9 @@ class LlamaModel {
   bool tied_embeddings() const { return tied_embeddings_; }
   // The file's quantization, e.g. "Q4_1" (most common type among the 2-D weights).
   const std::string& weight_type() const { return weight_type_; }
-  // Bytes of the weight matrices one decode step reads in full, as held (ggml blocks, or floats of
-  // the model dtype): every layer's and the output matrix (an untied token embedding is read by row).
+  // Bytes of the weight matrices one decode step reads in full, as the current compute mode reads
+  // them (ggml blocks, integer panels, or floats of the model dtype): every layer's and the output
+  // matrix (an untied token embedding is read by row).
   int64_t decode_weight_bytes() const { return decode_weight_bytes_; }
   // The recognised chat template, or the reason there is none.
   Result<ChatTemplate> chat_template() const;
@@ -161,6 +178,14 @@ class LlamaModel {
   // The CPU kernels in use ("avx512" or "portable"); tests switch them to compare the two builds.
   const cpu::KernelTable& kernels() const { return *kernels_; }
   void set_kernels(const cpu::KernelTable& kernels) { kernels_ = &kernels; }
+  // The integer kernels in use ("avx512-vnni" or "portable"); tests switch them as set_kernels.
+  const cpu::IntKernelTable& int_kernels() const { return *int_kernels_; }
+  void set_int_kernels(const cpu::IntKernelTable& kernels) { int_kernels_ = &kernels; }
+  Compute compute() const { return compute_; }
+  // Switches the arithmetic of later forwards; kInteger repacks the quantized matrices the first
+  // time (memory: about their size again). Not while a forward runs. InvalidArgument for kInteger
+  // on the torch path or on a model with no quantized matrix.
+  Status set_compute(Compute compute);
   ForwardPath forward_path() const { return path_; }
   // kCpuKernels needs a float32 CPU model; kTorch needs float weights (on the CPU: loaded with
   // quantized_weights = false). InvalidArgument otherwise.
@@ -169,9 +194,13 @@ class LlamaModel {
  private:
   // A weight matrix [n, k]: `tensor` is float [n, k] in the model dtype, or (CPU kernels with
   // quantized weights) uint8 [n, row_bytes] ggml blocks; `view` is what the CPU kernels read.
+  // `int_tensor` / `int_view`: the integer kernels' panels of a quantized matrix, once
+  // set_compute(kInteger) has built them.
   struct Weight {
     at::Tensor tensor;
     cpu::WeightView view;
+    at::Tensor int_tensor;
+    std::optional<cpu::IntWeightView> int_view;
   };
   struct Layer {
     at::Tensor attn_norm;  // [d_model] float32
@@ -223,6 +252,12 @@ class LlamaModel {
   at::Tensor rope_cos_;         // [context_length, head_dim / 2] float32, on the model's device
   at::Tensor rope_sin_;
   const cpu::KernelTable* kernels_ = nullptr;
+  const cpu::IntKernelTable* int_kernels_ = nullptr;
+  Compute compute_ = Compute::kFloat32;
+  // y = x w^T for `rows` rows of x (row stride ldx) in the current compute mode, over the thread pool.
+  void parallel_linear(const float* x, int64_t ldx, int64_t rows, const Weight& w, float* y, int64_t ldy) const;
+  // The bytes a decode step reads of a matrix in the current compute mode.
+  int64_t matrix_bytes(const Weight& w) const;
 };
 
 }  // namespace vericache

@@ -1,0 +1,146 @@
+#include "model/int8_repack.h"
+
+#include <cstring>
+
+#include "util/check.h"
+#include "util/half.h"
+
+namespace vericache {
+namespace {
+
+using cpu::kPanelColumns;
+using cpu::kQuantBlock;
+
+float read_f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return fp16_to_fp32(h);
+}
+
+float read_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// One block's integer form: codes (unsigned, zero point applied by the kernel), scales, minimum.
+struct IntBlock {
+  uint8_t codes[kQuantBlock];
+  float scales[2] = {0, 0};
+  float minimum = 0;
+};
+
+void unpack_nibbles(const uint8_t* qs, uint8_t* codes) {
+  for (int i = 0; i < 16; ++i) {
+    codes[i] = qs[i] & 0x0f;
+    codes[16 + i] = static_cast<uint8_t>(qs[i] >> 4);
+  }
+}
+
+IntBlock read_block(cpu::WeightFormat format, const uint8_t* b) {
+  IntBlock out;
+  switch (format) {
+    case cpu::WeightFormat::kQ8_0:
+      out.scales[0] = read_f16(b);
+      for (int i = 0; i < kQuantBlock; ++i) out.codes[i] = static_cast<uint8_t>(static_cast<int8_t>(b[2 + i]) + 128);
+      break;
+    case cpu::WeightFormat::kQ4_0:
+      out.scales[0] = read_f16(b);
+      unpack_nibbles(b + 2, out.codes);
+      break;
+    case cpu::WeightFormat::kQ4_1:
+      out.scales[0] = read_f16(b);
+      out.minimum = read_f16(b + 2);
+      unpack_nibbles(b + 4, out.codes);
+      break;
+    case cpu::WeightFormat::kQ5_0: {
+      out.scales[0] = read_f16(b);
+      uint32_t high;
+      std::memcpy(&high, b + 2, sizeof high);
+      unpack_nibbles(b + 6, out.codes);
+      for (int i = 0; i < kQuantBlock; ++i) out.codes[i] |= static_cast<uint8_t>(((high >> i) & 1u) << 4);
+      break;
+    }
+    case cpu::WeightFormat::kNibbleF32:
+      out.scales[0] = read_f32(b);
+      out.minimum = read_f32(b + 4);
+      unpack_nibbles(b + 8, out.codes);
+      break;
+    case cpu::WeightFormat::kInt8F32:
+      out.scales[0] = read_f32(b);
+      out.scales[1] = read_f32(b + 4);
+      for (int i = 0; i < kQuantBlock; ++i) out.codes[i] = static_cast<uint8_t>(static_cast<int8_t>(b[8 + i]) + 32);
+      break;
+    case cpu::WeightFormat::kF32: VC_CHECK(false, "float32 weights have no integer form");
+  }
+  return out;
+}
+
+int64_t format_block_bytes(cpu::WeightFormat format) {
+  switch (format) {
+    case cpu::WeightFormat::kQ8_0: return 34;
+    case cpu::WeightFormat::kQ4_0: return 18;
+    case cpu::WeightFormat::kQ4_1: return 20;
+    case cpu::WeightFormat::kQ5_0: return 22;
+    case cpu::WeightFormat::kNibbleF32: return 24;
+    case cpu::WeightFormat::kInt8F32: return 40;
+    case cpu::WeightFormat::kF32: break;
+  }
+  VC_CHECK(false, "float32 weights have no integer form");
+  return 0;
+}
+
+}  // namespace
+
+std::optional<cpu::IntWeightFormat> int_weight_format(cpu::WeightFormat format) {
+  switch (format) {
+    case cpu::WeightFormat::kQ8_0: return cpu::IntWeightFormat{8, 1, false, 128};
+    case cpu::WeightFormat::kQ4_0: return cpu::IntWeightFormat{4, 1, false, 8};
+    case cpu::WeightFormat::kQ4_1: return cpu::IntWeightFormat{4, 1, true, 0};
+    case cpu::WeightFormat::kQ5_0: return cpu::IntWeightFormat{8, 1, false, 16};
+    case cpu::WeightFormat::kNibbleF32: return cpu::IntWeightFormat{4, 1, true, 0};
+    case cpu::WeightFormat::kInt8F32: return cpu::IntWeightFormat{8, 2, false, 32};
+    case cpu::WeightFormat::kF32: break;
+  }
+  return std::nullopt;
+}
+
+int64_t int_panels_bytes(const cpu::IntWeightFormat& format, int64_t n, int64_t k) {
+  const int64_t panels = (n + kPanelColumns - 1) / kPanelColumns;
+  return panels * (k / kQuantBlock) * cpu::int_block_bytes(format);
+}
+
+cpu::IntWeightView repack_int_panels(const cpu::WeightView& w, uint8_t* dst) {
+  const auto format = int_weight_format(w.format);
+  VC_CHECK(format.has_value() && w.k % kQuantBlock == 0, "repack_int_panels: a matrix with no integer form");
+  const int64_t blocks = w.k / kQuantBlock, block_bytes = cpu::int_block_bytes(*format);
+  const int64_t source_block = format_block_bytes(w.format);
+  const int64_t scale_floats = kPanelColumns * (format->scales + (format->has_min ? 1 : 0));
+  cpu::IntWeightView view{*format, dst, w.n, w.k, blocks * block_bytes};
+  std::memset(dst, 0, int_panels_bytes(*format, w.n, w.k));
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t p = 0; p < view.panels(); ++p) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* out = dst + p * view.panel_bytes + b * block_bytes;
+      uint8_t* codes = out + 4 * scale_floats;
+      for (int64_t j = 0; j < kPanelColumns && p * kPanelColumns + j < w.n; ++j) {
+        const IntBlock block = read_block(w.format, src + (p * kPanelColumns + j) * w.row_bytes + b * source_block);
+        for (int s = 0; s < format->scales; ++s) std::memcpy(out + 4 * (kPanelColumns * s + j), &block.scales[s], 4);
+        if (format->has_min) std::memcpy(out + 4 * (kPanelColumns * format->scales + j), &block.minimum, 4);
+        for (int i = 0; i < kQuantBlock; ++i) {
+          const int group = i / 4, t = i % 4;
+          if (format->code_bits == 8) {
+            codes[64 * group + 4 * j + t] = block.codes[i];
+          } else if (group < 4) {
+            codes[64 * group + 4 * j + t] |= block.codes[i];
+          } else {
+            codes[64 * (group - 4) + 4 * j + t] |= static_cast<uint8_t>(block.codes[i] << 4);
+          }
+        }
+      }
+    }
+  }
+  return view;
+}
+
+}  // namespace vericache

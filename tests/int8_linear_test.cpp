@@ -1,0 +1,276 @@
+// The integer linear kernels (kernels/int8_linear.h): bitwise equal to a plain scalar reference of
+// the documented arithmetic, close to the float product of the dequantized weights and activations,
+// row-count and column-range invariant, and equal across the VNNI and portable builds, for every
+// weight type the models use.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu_kernels.h"
+#include "kernels/int8_linear.h"
+#include "model/ggml_dequant.h"
+#include "model/int8_repack.h"
+#include "model/weight_repack.h"
+
+namespace vericache::cpu {
+namespace {
+
+using vericache::GgmlType;
+
+std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<const IntKernelTable*> int_tables() {
+  std::vector<const IntKernelTable*> t{&portable_int_kernels()};
+  if (vnni_int_kernels() != nullptr) {
+    t.push_back(vnni_int_kernels());
+  } else {
+    std::printf("[ note ] this CPU has no AVX-512 VNNI: only the portable integer kernels are tested\n");
+  }
+  return t;
+}
+
+// A weight matrix of one GGUF type with random codes and finite scales, in the float kernels'
+// format (K-quants repacked as at load), with its dequantization.
+struct RandomWeights {
+  std::string name;
+  std::vector<uint8_t> stored;
+  WeightView view;
+  std::vector<float> dense;  // [n][k]
+};
+
+RandomWeights random_weights(GgmlType type, int64_t n, int64_t k, uint32_t seed) {
+  struct Case {
+    GgmlType type;
+    int64_t block_values, block_bytes;
+    std::vector<int> f16_offsets;
+    WeightFormat format;
+  };
+  static const std::vector<Case> cases{{GgmlType::kQ8_0, 32, 34, {0}, WeightFormat::kQ8_0},
+                                       {GgmlType::kQ4_0, 32, 18, {0}, WeightFormat::kQ4_0},
+                                       {GgmlType::kQ4_1, 32, 20, {0, 2}, WeightFormat::kQ4_1},
+                                       {GgmlType::kQ5_0, 32, 22, {0}, WeightFormat::kQ5_0},
+                                       {GgmlType::kQ4_K, 256, 144, {0, 2}, WeightFormat::kNibbleF32},
+                                       {GgmlType::kQ6_K, 256, 210, {208}, WeightFormat::kInt8F32}};
+  const Case& c = *std::find_if(cases.begin(), cases.end(), [&](const Case& x) { return x.type == type; });
+  std::mt19937 rng(seed);
+  const int64_t file_row_bytes = k / c.block_values * c.block_bytes;
+  std::vector<uint8_t> blocks(n * file_row_bytes);
+  for (auto& b : blocks) b = static_cast<uint8_t>(rng());
+  for (int64_t blk = 0; blk < n * k / c.block_values; ++blk) {
+    for (const int offset : c.f16_offsets) {  // finite f16 scales in [0.0039, 2)
+      const uint16_t h = static_cast<uint16_t>(0x1c00 + rng() % 0x2000) | (rng() % 2 ? 0x8000 : 0);
+      std::memcpy(&blocks[blk * c.block_bytes + offset], &h, 2);
+    }
+  }
+  RandomWeights w;
+  w.name = ggml_type_name(type);
+  w.dense.resize(n * k);
+  EXPECT_TRUE(dequantize(type, blocks.data(), n * k, w.dense.data()).ok());
+  int64_t row_bytes = file_row_bytes;
+  w.stored = blocks;
+  if (repacked_format(type)) {
+    row_bytes = repacked_row_bytes(c.format, k);
+    w.stored.resize(n * row_bytes);
+    repack_rows(type, blocks.data(), n, k, w.stored.data());
+  }
+  w.view = WeightView{c.format, w.stored.data(), n, k, row_bytes};
+  return w;
+}
+
+const std::vector<GgmlType> kTypes{GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                                   GgmlType::kQ5_0, GgmlType::kQ4_K, GgmlType::kQ6_K};
+
+struct Activations {
+  std::vector<int8_t> codes;
+  std::vector<float> scales;
+  std::vector<int32_t> half_sums;
+  QuantizedRows rows(int64_t first, int64_t count, int64_t k) const {
+    return QuantizedRows{codes.data() + first * k, scales.data() + first * (k / 32), half_sums.data() + first * (k / 16),
+                         count, k};
+  }
+};
+
+Activations quantize(const IntKernelTable& t, const std::vector<float>& x, int64_t m, int64_t k) {
+  Activations a;
+  a.codes.resize(m * k);
+  a.scales.resize(m * k / 32);
+  a.half_sums.resize(m * k / 16);
+  t.quantize_rows(x.data(), k, m, k, a.codes.data(), a.scales.data(), a.half_sums.data());
+  return a;
+}
+
+struct Panels {
+  std::vector<uint8_t> bytes;
+  IntWeightView view;
+};
+
+Panels panels_of(const WeightView& w) {
+  Panels p;
+  p.bytes.resize(int_panels_bytes(*int_weight_format(w.format), w.n, w.k));
+  p.view = repack_int_panels(w, p.bytes.data());
+  return p;
+}
+
+float read_float(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The arithmetic int8_linear.h documents, one output at a time in plain scalar C++, reading the
+// panels byte by byte: integer half sums, then fma(s * a_d, I, acc) in block order.
+float scalar_reference(const IntWeightView& w, const QuantizedRows& x, int64_t r, int64_t col) {
+  const IntWeightFormat& f = w.format;
+  const int64_t blocks = w.k / 32, p = col / kPanelColumns, j = col % kPanelColumns;
+  float acc = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = w.data + p * w.panel_bytes + b * int_block_bytes(f);
+    const uint8_t* codes = block + 4 * kPanelColumns * (f.scales + (f.has_min ? 1 : 0));
+    int32_t half[2] = {0, 0}, code_sum[2] = {0, 0};
+    for (int i = 0; i < 32; ++i) {
+      const int group = i / 4, t = i % 4;
+      int code;
+      if (f.code_bits == 8) {
+        code = codes[64 * group + 4 * j + t];
+      } else {
+        const uint8_t byte = codes[64 * (group % 4) + 4 * j + t];
+        code = group < 4 ? byte & 0x0f : byte >> 4;
+      }
+      const int8_t a = x.codes[r * w.k + 32 * b + i];
+      half[i / 16] += code * a;
+      code_sum[i / 16] += a;
+    }
+    const float ad = x.scales[r * blocks + b];
+    const int32_t i0 = half[0] - f.zero * code_sum[0], i1 = half[1] - f.zero * code_sum[1];
+    if (f.scales == 1) {
+      acc = std::fma(read_float(block + 4 * j) * ad, static_cast<float>(i0 + i1), acc);
+    } else {
+      acc = std::fma(read_float(block + 4 * j) * ad, static_cast<float>(i0), acc);
+      acc = std::fma(read_float(block + 4 * (kPanelColumns + j)) * ad, static_cast<float>(i1), acc);
+    }
+    if (f.has_min) {
+      acc = std::fma(read_float(block + 4 * (kPanelColumns * f.scales + j)) * ad,
+                     static_cast<float>(code_sum[0] + code_sum[1]), acc);
+    }
+  }
+  return acc;
+}
+
+TEST(IntLinear, QuantizedActivationsRoundEachValueToItsBlockScale) {
+  const int64_t m = 3, k = 96;
+  auto x = random_vector(m * k, 5, 3.0f);
+  std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // an all-zero block: scale 0, codes 0
+  for (const IntKernelTable* t : int_tables()) {
+    const Activations a = quantize(*t, x, m, k);
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t b = 0; b < k / 32; ++b) {
+        const float d = a.scales[r * 3 + b];
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[r * k + 32 * b + i]));
+        ASSERT_EQ(d, amax / 127.0f) << t->isa;
+        int32_t sums[2] = {0, 0};
+        for (int i = 0; i < 32; ++i) {
+          const int8_t q = a.codes[r * k + 32 * b + i];
+          ASSERT_LE(std::abs(q), 127);
+          ASSERT_LE(std::fabs(x[r * k + 32 * b + i] - d * q), 0.5f * d * 1.0001f + 1e-30f) << t->isa;
+          sums[i / 16] += q;
+        }
+        ASSERT_EQ(a.half_sums[r * 6 + 2 * b], sums[0]);
+        ASSERT_EQ(a.half_sums[r * 6 + 2 * b + 1], sums[1]);
+      }
+    }
+  }
+}
+
+// Every output equals the scalar reference bit for bit and the double product of the dequantized
+// weights and dequantized activations to float rounding; any row range and panel range gives the
+// same bits as the whole (1 to 64 rows, so every row tile of the kernels is used).
+TEST(IntLinear, EveryTypeEqualsTheScalarReferenceAndIsRowCountInvariant) {
+  const int64_t k = 512, n = 40, m = 64;  // the last panel has 8 columns
+  const auto x = random_vector(m * k, 21);
+  for (const GgmlType type : kTypes) {
+    const RandomWeights w = random_weights(type, n, k, 22);
+    const Panels p = panels_of(w.view);
+    for (const IntKernelTable* t : int_tables()) {
+      const Activations a = quantize(*t, x, m, k);
+      std::vector<float> all(m * n);
+      t->linear(a.rows(0, m, k), p.view, 0, p.view.panels(), all.data(), n);
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t c = 0; c < n; ++c) {
+          ASSERT_EQ(all[r * n + c], scalar_reference(p.view, a.rows(0, m, k), r, c))
+              << w.name << " " << t->isa << " row " << r << " column " << c;
+          double ref = 0, magnitude = 0;
+          for (int64_t i = 0; i < k; ++i) {
+            const double xi = static_cast<double>(a.scales[r * 16 + i / 32]) * a.codes[r * k + i];
+            ref += xi * w.dense[c * k + i];
+            magnitude += std::fabs(xi * w.dense[c * k + i]);
+          }
+          ASSERT_NEAR(all[r * n + c], ref, 1e-5 * magnitude + 1e-6) << w.name << " " << t->isa;
+        }
+      }
+      for (const int64_t rows : {1, 2, 3, 5, 7, 8, 9, 17, 33}) {
+        for (int64_t first = 0; first + rows <= m; first += 29) {
+          std::vector<float> part(rows * n);
+          t->linear(a.rows(first, rows, k), p.view, 0, 1, part.data(), n);
+          t->linear(a.rows(first, rows, k), p.view, 1, p.view.panels(), part.data(), n);
+          ASSERT_EQ(std::memcmp(part.data(), all.data() + first * n, part.size() * sizeof(float)), 0)
+              << w.name << " " << t->isa << ": rows " << first << ".." << first + rows;
+        }
+      }
+    }
+  }
+}
+
+TEST(IntLinear, VnniAndPortableBuildsAgreeBitwise) {
+  const IntKernelTable* fast = vnni_int_kernels();
+  if (fast == nullptr) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  const IntKernelTable& slow = portable_int_kernels();
+  const int64_t k = 1536, n = 70, m = 13;
+  auto x = random_vector(m * k, 31, 2.0f);
+  x[7] = 1e-30f;  // tiny and huge values: the scale and rounding edges
+  x[40] = 6e4f;
+  const Activations fa = quantize(*fast, x, m, k), sa = quantize(slow, x, m, k);
+  ASSERT_EQ(fa.codes, sa.codes);
+  ASSERT_EQ(std::memcmp(fa.scales.data(), sa.scales.data(), fa.scales.size() * 4), 0);
+  ASSERT_EQ(fa.half_sums, sa.half_sums);
+  for (const GgmlType type : kTypes) {
+    const RandomWeights w = random_weights(type, n, k, 32);
+    const Panels p = panels_of(w.view);
+    std::vector<float> a(m * n), b(m * n);
+    fast->linear(fa.rows(0, m, k), p.view, 0, p.view.panels(), a.data(), n);
+    slow.linear(sa.rows(0, m, k), p.view, 0, p.view.panels(), b.data(), n);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << w.name;
+  }
+}
+
+// The checks above can fail: one weight code changed in the panels moves that column's outputs
+// away from the reference computed on the original panels.
+TEST(IntLinear, AChangedCodeIsCaught) {
+  const int64_t k = 64, n = 16, m = 2;
+  const auto x = random_vector(m * k, 41);
+  const RandomWeights w = random_weights(GgmlType::kQ8_0, n, k, 42);
+  const Panels p = panels_of(w.view);
+  Panels faulty = p;
+  faulty.view.data = faulty.bytes.data();
+  faulty.bytes[int_block_bytes(p.view.format) - 1] ^= 0x10;  // block 0, column 15, last group
+  const IntKernelTable& t = best_int_kernels();
+  const Activations a = quantize(t, x, m, k);
+  std::vector<float> y(m * n);
+  t.linear(a.rows(0, m, k), faulty.view, 0, 1, y.data(), n);
+  EXPECT_EQ(y[0], scalar_reference(p.view, a.rows(0, m, k), 0, 0));
+  EXPECT_NE(y[15], scalar_reference(p.view, a.rows(0, m, k), 0, 15));
+}
+
+}  // namespace
+}  // namespace vericache::cpu
