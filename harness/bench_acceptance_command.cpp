@@ -85,7 +85,7 @@ void print(const Row& r, int64_t x, bool json, const LlamaModel& m) {
       kl.push_back(d.kl);
       tokens.push_back(d.token);
     }
-    nlohmann::json out{{"model", m.path()},
+    nlohmann::json out{{"model", m.path()}, {"compute", compute_name(m.compute())},
                        {"context", r.context},
                        {"prompt_tokens", r.prompt_tokens},
                        {"compressor", r.compressor},
@@ -117,6 +117,7 @@ void print(const Row& r, int64_t x, bool json, const LlamaModel& m) {
 }  // namespace
 
 int run_bench_acceptance(int argc, char** argv) {
+  std::string compute_arg;
   std::string model_arg, text_file, contexts_arg, compressors_arg, ratios_arg, question;
   std::vector<std::string> params_args;
   int64_t draft_length = 16, decode_tokens = 64, page_size = 16, prefill_chunk = 512;
@@ -133,6 +134,7 @@ int run_bench_acceptance(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
+    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from")
     ("contexts", po::value(&contexts_arg)->default_value("2048"), "comma-separated prompt lengths in tokens")
     ("question", po::value(&question),
@@ -167,7 +169,7 @@ int run_bench_acceptance(int argc, char** argv) {
     return report_usage_error("bench-acceptance", e.what());
   }
   set_threads(threads);
-  auto loaded = load_model(model_arg);
+  auto loaded = load_model(model_arg, compute_arg);
   if (!loaded.ok()) return report_error(loaded.status());
   const LlamaModel& m = **loaded;
   const int64_t layers = m.config().n_layers;

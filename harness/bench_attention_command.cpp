@@ -121,6 +121,7 @@ Result<Measured> measure(const LlamaModel& m, const Config& config, const Sequen
 }  // namespace
 
 int run_bench_attention(int argc, char** argv) {
+  std::string compute_arg;
   std::string model_arg, text_file;
   std::vector<std::string> quantizer_args;
   int64_t context = 8160, batch = 8, steps = 6, page_size = 16, prefill_chunk = 512;
@@ -137,6 +138,7 @@ int run_bench_attention(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
+    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompt is cut from")
     ("context", po::value(&context)->default_value(8160), "prompt tokens (with --steps, within the model's context)")
     ("batch", po::value(&batch)->default_value(8), "requests decoding together")
@@ -158,7 +160,7 @@ int run_bench_attention(int argc, char** argv) {
     return *done;
   if (quantizer_args.empty()) quantizer_args = {R"(kivi={"bits": 4})", R"(kivi={"bits": 2})"};
   set_threads(threads);
-  auto loaded = load_model(model_arg);
+  auto loaded = load_model(model_arg, compute_arg);
   if (!loaded.ok()) return report_error(loaded.status());
   const LlamaModel& m = **loaded;
   const int64_t layers = m.config().n_layers;
@@ -238,7 +240,7 @@ int run_bench_attention(int argc, char** argv) {
                                {"step_speedup", step_speedup},
                                {"pack_seconds", r->pack_seconds},
                                {"threads", ThreadPool::global().threads()},
-                               {"kernels", m.kernels().isa}, {"model", m.path()}};
+                               {"kernels", m.kernels().isa}, {"model", m.path()}, {"compute", compute_name(m.compute())}};
       std::cout << out.dump() << std::endl;
     } else {
       std::printf("| %s | %.1f | %.3f | %.1f | %.1f | %.1f | %.2fx | %.2fx |\n", c.label.c_str(),

@@ -63,6 +63,7 @@ Result<std::vector<Link>> parse_links(const std::string& text) {
 }  // namespace
 
 int run_bench_budget(int argc, char** argv) {
+  std::string compute_arg;
   std::string model_arg, text_file, compressor_arg, links_arg;
   DraftPolicyArgs policy_args;
   std::vector<std::string> params_args;
@@ -81,6 +82,7 @@ int run_bench_budget(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
+    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_ENGINE_BENCH_TEXT),
      "text the prompts are cut from (as bench-engine: files joined by commas; the default is the four built "
      "prompt sets, not text the model has memorized)")
@@ -120,7 +122,7 @@ int run_bench_budget(int argc, char** argv) {
   auto policy = draft_policy_options(policy_args);
   if (!policy.ok()) return report_status("bench-budget", policy.status());
   set_threads(threads);
-  auto loaded = load_model(model_arg);
+  auto loaded = load_model(model_arg, compute_arg);
   if (!loaded.ok()) return report_error(loaded.status());
   const LlamaModel& m = **loaded;
   auto compressors = load_offline_compressors(compressor_arg, params_args, m);
@@ -296,7 +298,7 @@ int run_bench_budget(int argc, char** argv) {
                          {"draft_length", draft_length},
                          {"threads", ThreadPool::global().threads()},
                          {"capped", capped},
-                         {"model", m.path()}};
+                         {"model", m.path()}, {"compute", compute_name(m.compute())}};
       std::cout << out.dump() << std::endl;
     } else {
       std::printf("| %s | %lld%s | %.1f | %lld%s | %.1f | %.2fx | %lld | %lld | %.2f | %.2f | %lld | %.2f | %.2f | %.2f | %s "

@@ -96,6 +96,7 @@ Result<RandomKvTiming> time_forwards_on_random_kv(const LlamaModel& m, int64_t c
 }  // namespace
 
 int run_bench(int argc, char** argv) {
+  std::string compute_arg;
   std::string model_arg, random_shape, text_file, contexts_arg, batches_arg;
   int64_t decode_tokens = 32, page_size = 16, prefill_chunk = 512, window = 1;
   int threads = 0;
@@ -116,6 +117,7 @@ int run_bench(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
+    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("random-weights", po::value(&random_shape)->value_name("SHAPE"),
      "instead of --model: a model of SHAPE (listed above) with random weights, for timing only")
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from")
@@ -160,7 +162,7 @@ int run_bench(int argc, char** argv) {
     }
   }
   set_threads(threads);
-  auto loaded = random ? LlamaModel::with_random_weights(random_shape, 1, *load_options) : load_model(model_arg, *load_options);
+  auto loaded = random ? LlamaModel::with_random_weights(random_shape, 1, *load_options) : load_model(model_arg, compute_arg, *load_options);
   if (!loaded.ok()) return report_error(loaded.status());
   const LlamaModel& m = **loaded;
   const std::string model_name = random ? m.path() + " (random weights, timing only)" : m.path();
@@ -202,7 +204,7 @@ int run_bench(int argc, char** argv) {
         const double flops = forward_flops(m.config(), batch, window, context);
         if (json) {
           nlohmann::json out{{"system", "vericache"},
-                             {"model", model_name},
+                             {"model", model_name}, {"compute", compute_name(m.compute())},
                              {"weights", "random (timing only)"},
                              {"kv", "random (no prefill)"},
                              {"context", context},
@@ -265,7 +267,7 @@ int run_bench(int argc, char** argv) {
       const double ms_per_step = 1000.0 * stats.decode_seconds / static_cast<double>(stats.decode_steps);
       if (json) {
         nlohmann::json out{{"system", "vericache"},
-                           {"model", model_name},
+                           {"model", model_name}, {"compute", compute_name(m.compute())},
                            {"weight_type", m.weight_type()},
                            {"context", context},
                            {"batch", batch},

@@ -31,6 +31,7 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 
 int run_bench_engine(int argc, char** argv) {
+  std::string compute_arg;
   std::string model_arg, text_file, contexts_arg, batches_arg, compressors_arg, drafts_arg, policies_arg,
       adaptive_drafts_arg;
   DraftPolicyArgs policy_args;
@@ -49,6 +50,7 @@ int run_bench_engine(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
+    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_ENGINE_BENCH_TEXT),
      "text the prompts are cut from: files joined by commas, each plain text or a prompt set (.json); the default "
      "is the four built prompt sets (not text the model has memorized)")
@@ -101,7 +103,7 @@ int run_bench_engine(int argc, char** argv) {
     return report_usage_error("bench-engine", e.what());
   }
   set_threads(threads);
-  auto loaded = load_model(model_arg);
+  auto loaded = load_model(model_arg, compute_arg);
   if (!loaded.ok()) return report_error(loaded.status());
   const LlamaModel& m = **loaded;
   const int64_t layers = m.config().n_layers;
@@ -253,7 +255,7 @@ int run_bench_engine(int argc, char** argv) {
                                                        : "a different stretch of the text per request"},
                                {"text", text_file},
                                {"distinct_outputs", static_cast<int64_t>(outputs.size())},
-                               {"model", m.path()}};
+                               {"model", m.path()}, {"compute", compute_name(m.compute())}};
             std::cout << out.dump() << std::endl;
           } else {
             char fallback_cost[32] = "-";

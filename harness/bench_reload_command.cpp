@@ -184,6 +184,7 @@ struct PolicyRun {
 }  // namespace
 
 int run_bench_reload(int argc, char** argv) {
+  std::string compute_arg;
   std::string model_arg, text_file, compressor_arg, policies_arg, profile_out, windows_out, links_arg;
   std::vector<std::string> params_args;
   int64_t context = 0, batch = 0, draft_length = 0, window = 0, decode_tokens = 0, page_size = 16, prefill_chunk = 512;
@@ -202,6 +203,7 @@ int run_bench_reload(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
+    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from (needs batch x context tokens)")
     ("context", po::value(&context)->default_value(4000), "prompt tokens")
     ("batch,b", po::value(&batch)->default_value(4), "requests decoding at once")
@@ -264,7 +266,7 @@ int run_bench_reload(int argc, char** argv) {
   if (device_copies == 0) device_copies = batch;
   if (threads == 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
   set_threads(0);  // every core for the prefills; --threads for the timed decoding
-  auto loaded = load_model(model_arg);
+  auto loaded = load_model(model_arg, compute_arg);
   if (!loaded.ok()) return report_error(loaded.status());
   const LlamaModel& m = **loaded;
   const int64_t layers = m.config().n_layers;
@@ -628,7 +630,7 @@ int run_bench_reload(int argc, char** argv) {
                          {"request_alphas", cpu.alphas},
                          {"kv_full_bytes", full_bytes},
                          {"threads", ThreadPool::global().threads()},
-                         {"model", m.path()}};
+                         {"model", m.path()}, {"compute", compute_name(m.compute())}};
       std::cout << out.dump() << std::endl;
     } else {
       std::printf(

@@ -23,6 +23,7 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 
 int run_calibrate(int argc, char** argv) {
+  std::string compute_arg;
   std::string compressor, model_arg, corpus = VC_DEFAULT_BENCH_TEXT, out_path;
   int64_t passages = 16, passage_tokens = 512, head_group = 0;
   double outlier_fraction = 0.01;
@@ -35,6 +36,7 @@ int run_calibrate(int argc, char** argv) {
     ("help,h", "print this help and exit")
     ("compressor", po::value(&compressor), "the quantizer to calibrate: kvquant or rotatekv (required)")
     ("model", po::value(&model_arg), kModelOptionHelp)
+    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("corpus", po::value(&corpus)->default_value(corpus), "calibration text file")
     ("passages", po::value(&passages)->default_value(16), "passages taken evenly across the corpus")
     ("passage-tokens", po::value(&passage_tokens)->default_value(512), "tokens per passage (raw text, no chat template)")
@@ -65,7 +67,7 @@ int run_calibrate(int argc, char** argv) {
   if (Status s = check_output_path(out_path); !s.ok()) return report_usage_error("calibrate", "--out " + s.message());
   set_threads(threads);
 
-  auto model = load_model(model_arg);
+  auto model = load_model(model_arg, compute_arg);
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
   const ModelShape shape = m.shape();

@@ -95,6 +95,7 @@ Result<std::string> new_run_folder(const std::string& root, const std::string& c
 }  // namespace
 
 int run_checklist(int argc, char** argv) {
+  std::string compute_arg;
   std::string model_arg, compressor_arg, params = "{}", xs_arg, ratios_arg, temperatures_arg, contexts_arg, out_dir,
       prompt_set_path, python, context_text, baselines_path;
   std::vector<std::string> plugin_dirs;
@@ -111,6 +112,7 @@ int run_checklist(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
+    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("compressor", po::value(&compressor_arg)->default_value("kvzip"),
      "plugin name or path: a token dropper, or a quantizer (which keeps every token: no -c, no c sweep)")
     ("params", po::value(&params)->default_value("{}"), "the compressor's parameters as a JSON object")
@@ -188,7 +190,7 @@ int run_checklist(int argc, char** argv) {
   }
   set_threads(threads);
 
-  auto model = load_model(model_arg);
+  auto model = load_model(model_arg, compute_arg);
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
   std::string plugin_path;

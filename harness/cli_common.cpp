@@ -50,9 +50,17 @@ Result<std::string> resolve_model_path(const std::string& requested) {
   return wanted;
 }
 
-Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, const LoadOptions& options) {
+Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, const std::string& compute,
+                                               LoadOptions options) {
+  if (compute != "auto" && compute != "float32" && compute != "integer") {
+    return Status::invalid_argument("--compute must be auto, float32 or integer, got '" + compute + "'");
+  }
   VC_ASSIGN_OR_RETURN(const std::string path, resolve_model_path(requested));
-  return LlamaModel::load(path, options);
+  options.compute = compute == "integer" ? Compute::kInteger : Compute::kFloat32;
+  VC_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::load(path, options));
+  // auto: integer wherever the model can run it (quantized matrices on the CPU kernels).
+  if (compute == "auto" && model->forward_path() == ForwardPath::kCpuKernels) (void)model->set_compute(Compute::kInteger);
+  return model;
 }
 
 Result<LoadOptions> parse_load_options(const std::string& device, const std::string& dtype) {

@@ -49,8 +49,18 @@ inline constexpr const char* kModelOptionHelp =
 // missing; NotFound listing the short names for a name that is neither a file nor one of them.
 Result<std::string> resolve_model_path(const std::string& requested);
 
-// resolve_model_path(requested), then LlamaModel::load with `options`.
-Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, const LoadOptions& options = {});
+// The --compute help of every subcommand that loads a model.
+inline constexpr const char* kComputeOptionHelp =
+    "the CPU kernels' arithmetic for quantized weights: integer (8-bit activations, integer dot products "
+    "with the weights' own codes: faster), float32 (dequantized weights, float products: matches "
+    "transformers bit for bit), or auto (integer where the weights are quantized and the forward runs "
+    "on the CPU kernels, else float32). Both are row-count invariant, so VeriCache stays lossless";
+
+// resolve_model_path(requested), then LlamaModel::load with `options` and the arithmetic `compute`
+// names (kComputeOptionHelp); InvalidArgument for another value, or for "integer" on a model that
+// cannot run it (a GPU, float weights).
+Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, const std::string& compute,
+                                               LoadOptions options = {});
 
 // --device (cpu, cuda, cuda:N) and --dtype (float32, bfloat16, float16; "auto": float32 on the CPU,
 // bfloat16 on a GPU) as load options; InvalidArgument naming the bad value.

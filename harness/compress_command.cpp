@@ -66,6 +66,7 @@ int compress_with_quantizer(const LlamaModel& m, Compressor& quantizer, const st
 }  // namespace
 
 int run_compress(int argc, char** argv) {
+  std::string compute_arg;
   std::string model_arg, compressor_arg, params = "{}", prompt, prompt_file;
   std::vector<std::string> plugin_dirs;
   double ratio = 0.25;
@@ -77,6 +78,7 @@ int run_compress(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
+    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("compressor", po::value(&compressor_arg), "plugin name (see 'vericache plugins') or path to a vc_plugin_*.so")
     ("params", po::value(&params)->default_value("{}"), "the compressor's parameters as a JSON object")
     ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c in (0, 1]: KV_comp = c * KV_full")
@@ -98,7 +100,7 @@ int run_compress(int argc, char** argv) {
   if (!text.ok()) return report_status("compress", text.status());
   set_threads(threads);
 
-  auto model = load_model(model_arg);
+  auto model = load_model(model_arg, compute_arg);
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
   std::string plugin_path;

@@ -63,6 +63,7 @@ void print_report(const ConformanceReport& report, bool json, const std::string&
 }  // namespace
 
 int run_conformance(int argc, char** argv) {
+  std::string compute_arg;
   std::string model_arg, compressor_arg, params = "{}", spec_arg, prompt, prompt_file, ratios_arg;
   std::vector<std::string> plugin_dirs;
   int64_t prompt_tokens = 640, draft_length = 4, new_tokens = 16;
@@ -78,6 +79,7 @@ int run_conformance(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
+    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("compressor", po::value(&compressor_arg), "plugin name (see 'vericache plugins') or path to a vc_plugin_*.so")
     ("params", po::value(&params)->default_value("{}"), "parameters as a JSON object, over the spec's own")
     ("spec", po::value(&spec_arg), "the conformance spec (default: vc_plugin_<name>.conformance.json beside the plugin)")
@@ -122,7 +124,7 @@ int run_conformance(int argc, char** argv) {
   auto merged = conformance_params(*spec, params);
   if (!merged.ok()) return report_status("conformance", merged.status());
 
-  auto model = load_model(model_arg);
+  auto model = load_model(model_arg, compute_arg);
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
   ConformanceOptions options;

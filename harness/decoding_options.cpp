@@ -9,6 +9,7 @@ void add_decoding_options(po::options_description& d, DecodingOptions& o) {
   d.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&o.model), kModelOptionHelp)
+    ("compute", po::value(&o.compute)->default_value("auto"), kComputeOptionHelp)
     ("prompt,p", po::value(&o.prompt), "prompt text")
     ("prompt-file,f", po::value(&o.prompt_file), "read the prompt from a file ('-' for standard input)")
     ("system", po::value(&o.system), "system message (chat template only; default: the template's own)")

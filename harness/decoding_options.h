@@ -17,6 +17,7 @@ namespace vericache::cli {
 
 struct DecodingOptions {
   std::string model;
+  std::string compute;  // --compute (kComputeOptionHelp)
   std::string prompt;
   std::string prompt_file;
   std::string system;

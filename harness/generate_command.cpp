@@ -110,7 +110,7 @@ int run_generate(int argc, char** argv) {
   if (!prompt_text.ok()) return report_status("generate", prompt_text.status());
   set_threads(o.threads);
 
-  auto model = load_model(o.model, *load_options);
+  auto model = load_model(o.model, o.compute, *load_options);
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
   const Tokenizer& tok = m.tokenizer();
@@ -161,6 +161,7 @@ int run_generate(int argc, char** argv) {
   if (o.json) {
     nlohmann::json out;
     out["model"] = m.path();
+    out["compute"] = compute_name(m.compute());
     out["prompt_tokens"] = static_cast<int64_t>(prompt.size());
     out["chat_template"] = !o.no_chat_template;
     auto describe_result = [&](size_t i) {

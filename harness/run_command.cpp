@@ -216,7 +216,7 @@ int run_run(int argc, char** argv) {
   auto prompt_text = read_prompt(o.prompt, o.prompt_file);
   if (!prompt_text.ok()) return report_status("run", prompt_text.status());
   set_threads(o.threads);
-  auto model = load_model(o.model);
+  auto model = load_model(o.model, o.compute);
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
   auto prompt_ids = prompt_tokens(m, *prompt_text, o.no_chat_template, o.system);
@@ -333,6 +333,7 @@ int run_run(int argc, char** argv) {
   if (o.json) {
     nlohmann::json out;
     out["model"] = m.path();
+    out["compute"] = compute_name(m.compute());
     out["compressor"] = compressor ? compressor->name() : "none";
     if (compressor) out["compressor_path"] = compressor_path;
     out["params"] = o.params;

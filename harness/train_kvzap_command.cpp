@@ -64,6 +64,7 @@ struct NormalEquations {
 }  // namespace
 
 int run_train_kvzap(int argc, char** argv) {
+  std::string compute_arg;
   std::string model_arg, corpus = VC_DEFAULT_BENCH_TEXT, out_path;
   int64_t passages = 32, passage_tokens = 512;
   double lambda = 1.0;
@@ -75,6 +76,7 @@ int run_train_kvzap(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
+    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("corpus", po::value(&corpus)->default_value(corpus), "calibration text file")
     ("passages", po::value(&passages)->default_value(32), "passages taken evenly across the corpus (every 8th is held out)")
     ("passage-tokens", po::value(&passage_tokens)->default_value(512), "tokens per passage")
@@ -95,7 +97,7 @@ int run_train_kvzap(int argc, char** argv) {
   if (Status s = check_output_path(out_path); !s.ok()) return report_usage_error("train-kvzap", "--out " + s.message());
   set_threads(threads);
 
-  auto model = load_model(model_arg);
+  auto model = load_model(model_arg, compute_arg);
   if (!model.ok()) return report_error(model.status());
   const LlamaModel& m = **model;
   const ModelShape shape = m.shape();

@@ -28,15 +28,25 @@ TEST(Cli, GenerateJsonMatchesTheReferenceGreedyContinuation) {
       nlohmann::json::parse(testing::read_file(testing::source_path("tests/fixtures/reference/logits.json")));
   const auto& c = fixture["cases"][0];
   ASSERT_EQ(c["name"], "capital");
-  const CliRun r = run_vericache("generate --model " + testing::default_model_path() +
-                              " --prompt \"What is the capital of France?\" --max-tokens 64 --temperature 0 --json");
+  // float32 compute is the mode that matches transformers; the default (auto) is integer on this
+  // quantized model.
+  const std::string command = "generate --model " + testing::default_model_path() +
+                              " --prompt \"What is the capital of France?\" --max-tokens 64 --temperature 0 --json";
+  const CliRun r = run_vericache(command + " --compute float32");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out["compute"], "float32");
   EXPECT_EQ(out["tokens"].get<std::vector<int32_t>>(), c["greedy_continuation"].get<std::vector<int32_t>>());
   EXPECT_EQ(out["text"], "The capital of France is Paris.");
   EXPECT_EQ(out["finish_reason"], "eos");
   EXPECT_EQ(out["prompt_tokens"], c["ids"].size());
   EXPECT_GT(out["decode_tok_s"].get<double>(), 0.0);
+  const CliRun by_default = run_vericache(command);
+  ASSERT_EQ(by_default.exit_code, 0) << by_default.err;
+  EXPECT_EQ(nlohmann::json::parse(by_default.out)["compute"], "integer");
+  const CliRun bad = run_vericache(command + " --compute int8");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--compute must be auto, float32 or integer, got 'int8'"), std::string::npos) << bad.err;
 }
 
 TEST(Cli, CorruptModelFileGivesOneLineErrorAndExitCode1) {
