@@ -230,6 +230,46 @@ TEST(Lossless, QuantizersAtEveryBitWidth) {
   }
 }
 
+// The lossless subset in the integer compute mode (kernels/int8_linear.h), where the engine and its
+// full-KV reference both run integer arithmetic: every token dropper at c = 0.25 and x = 8 at
+// batch 4, KVzip under the goodput policy, and KIVI at 2 bits with x = 16; greedy output identical.
+TEST(Lossless, IntegerComputeEveryTokenDropperAndKivi) {
+  const LlamaModel* m = testing::default_integer_model();
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(m->compute(), Compute::kInteger);
+  std::vector<GenerationRequest> requests;
+  for (int b = 0; b < 4; ++b) requests.push_back(request_for(medium(40 + b), 32));
+  const std::vector<GenerationResult> reference = full_kv(*m, requests);
+  auto check = [&](const std::string& label, const EngineOptions& options) {
+    const EngineRun run = run_engine(*m, options, requests);
+    expect_identical(run, reference, label);
+    for (const EngineResult& r : run.results) EXPECT_EQ(r.compressor_failure, "") << label;
+    EXPECT_GT(run.totals.drafts, 0) << label;
+    std::printf("integer %-26s accept %.3f mean_len %.2f\n", label.c_str(), run.totals.acceptance_rate(),
+                run.totals.mean_acceptance_length());
+  };
+  for (const std::string& name : testing::bundled_plugin_names(CompressorFamily::kTokenDropping)) {
+    auto compressor = plugin(name);
+    ASSERT_NE(compressor, nullptr) << name;
+    EngineOptions options;
+    options.compressor = compressor.get();
+    options.ratio = 0.25;
+    options.draft_length = 8;
+    check(name, options);
+    if (name == "kvzip") {
+      options.draft_policy.kind = DraftPolicyKind::kGoodput;
+      options.draft_length = 16;
+      check(name + " goodput", options);
+    }
+  }
+  auto kivi = testing::bundled_compressor("kivi", "{\"bits\": 2}", *m);
+  ASSERT_NE(kivi, nullptr);
+  EngineOptions options;
+  options.compressor = kivi.get();
+  options.draft_length = 16;
+  check("kivi bits=2", options);
+}
+
 // `name` at c = 0.25, x = 16 on long `requests`: identical to `reference`, no compressor failure,
 // really compressed.
 void expect_long_prompts_lossless(const LlamaModel& m, const std::string& name,
