@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--adaptive-draft-lengths", default="16")
     ap.add_argument("--decode-tokens", default="64")
     ap.add_argument("--threads", default="2")
+    ap.add_argument("--compute", default="auto", help="the CPU kernels' arithmetic: auto, float32 or integer")
     ap.add_argument("--same-prompt", action="store_true", help="every request decodes a copy of one prompt")
     ap.add_argument("--params", action="append", default=['kvzip={"chunk_size": 128}'],
                     help="NAME=JSON compressor parameters (KVzip's reconstruction chunk must fit after an 8K prompt)")
@@ -50,7 +51,8 @@ def main():
     cmd = [VERICACHE, "bench-engine", "--json", "--contexts", args.contexts, "--batches", args.batches,
            "--compressors", args.compressors, "--ratio", args.ratio, "--draft-lengths", args.draft_lengths,
            "--draft-policies", args.draft_policies, "--adaptive-draft-lengths", args.adaptive_draft_lengths,
-           "--decode-tokens", args.decode_tokens, "--threads", args.threads] + (["--same-prompt"] if args.same_prompt else [])
+           "--decode-tokens", args.decode_tokens, "--threads", args.threads,
+           "--compute", args.compute] + (["--same-prompt"] if args.same_prompt else [])
     for p in args.params:
         cmd += ["--params", p]
     print(" ".join(cmd), file=sys.stderr)
@@ -65,6 +67,8 @@ def main():
         "",
         command_line(invocation, prov),
         f"- machine: {prov['cpu']}, {args.threads} threads; verification reads the full cache in place (no copy)",
+        f"- compute: {rows[0].get('compute', args.compute) if rows else args.compute} (`--compute {args.compute}`; "
+        f"the engine and its full-KV baseline in the same arithmetic)",
         f"- compressor parameters: {'; '.join(args.params) or 'defaults'}",
         (f"- prompts: one per context, copied to all B requests of a batch (`--same-prompt`)" if args.same_prompt else
          f"- prompts: per context, request i of a batch takes the i-th stretch of `context` tokens of the built prompt "
