@@ -53,6 +53,8 @@ def main():
            "--draft-policies", args.draft_policies, "--adaptive-draft-lengths", args.adaptive_draft_lengths,
            "--decode-tokens", args.decode_tokens, "--threads", args.threads,
            "--compute", args.compute] + (["--same-prompt"] if args.same_prompt else [])
+    # Parameters only for the compressors this run measures (the default names KVzip).
+    args.params = [p for p in args.params if p.split("=", 1)[0] in args.compressors.split(",")]
     for p in args.params:
         cmd += ["--params", p]
     print(" ".join(cmd), file=sys.stderr)
