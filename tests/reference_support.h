@@ -18,6 +18,7 @@ struct Expectations {
   int long_prompts;             // of them at least 2,000 tokens
   double logit_tolerance;       // largest |ours - reference| on any compared logit
   int identical_continuations;  // at least this many greedy continuations token for token
+  int top1_agreements = -1;     // at least this many next-token argmaxes equal; -1: every prompt's
 };
 
 // For every prompt of `fixture_file`: the prompt tokenizes to the same ids, the next-token logits
