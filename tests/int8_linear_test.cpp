@@ -16,19 +16,14 @@
 #include "model/ggml_dequant.h"
 #include "model/int8_repack.h"
 #include "model/weight_repack.h"
+#include "kernel_test_support.h"
 
 namespace vericache::cpu {
 namespace {
 
 using vericache::GgmlType;
 
-std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using vericache::testing::random_vector;
 
 std::vector<const IntKernelTable*> int_tables() {
   std::vector<const IntKernelTable*> t{&portable_int_kernels()};
@@ -50,41 +45,27 @@ struct RandomWeights {
 };
 
 RandomWeights random_weights(GgmlType type, int64_t n, int64_t k, uint32_t seed) {
-  struct Case {
-    GgmlType type;
-    int64_t block_values, block_bytes;
-    std::vector<int> f16_offsets;
-    WeightFormat format;
-  };
-  static const std::vector<Case> cases{{GgmlType::kQ8_0, 32, 34, {0}, WeightFormat::kQ8_0},
-                                       {GgmlType::kQ4_0, 32, 18, {0}, WeightFormat::kQ4_0},
-                                       {GgmlType::kQ4_1, 32, 20, {0, 2}, WeightFormat::kQ4_1},
-                                       {GgmlType::kQ5_0, 32, 22, {0}, WeightFormat::kQ5_0},
-                                       {GgmlType::kQ4_K, 256, 144, {0, 2}, WeightFormat::kNibbleF32},
-                                       {GgmlType::kQ6_K, 256, 210, {208}, WeightFormat::kInt8F32}};
-  const Case& c = *std::find_if(cases.begin(), cases.end(), [&](const Case& x) { return x.type == type; });
   std::mt19937 rng(seed);
-  const int64_t file_row_bytes = k / c.block_values * c.block_bytes;
-  std::vector<uint8_t> blocks(n * file_row_bytes);
-  for (auto& b : blocks) b = static_cast<uint8_t>(rng());
-  for (int64_t blk = 0; blk < n * k / c.block_values; ++blk) {
-    for (const int offset : c.f16_offsets) {  // finite f16 scales in [0.0039, 2)
-      const uint16_t h = static_cast<uint16_t>(0x1c00 + rng() % 0x2000) | (rng() % 2 ? 0x8000 : 0);
-      std::memcpy(&blocks[blk * c.block_bytes + offset], &h, 2);
-    }
-  }
+  const std::vector<uint8_t> blocks = testing::random_ggml_rows(type, n, k, rng);
+  const auto repacked = repacked_format(type);
+  const WeightFormat format = repacked                      ? *repacked
+                              : type == GgmlType::kQ8_0 ? WeightFormat::kQ8_0
+                              : type == GgmlType::kQ4_0 ? WeightFormat::kQ4_0
+                              : type == GgmlType::kQ4_1 ? WeightFormat::kQ4_1
+                                                        : WeightFormat::kQ5_0;
+  const int64_t file_row_bytes = static_cast<int64_t>(blocks.size()) / n;
   RandomWeights w;
   w.name = ggml_type_name(type);
   w.dense.resize(n * k);
   EXPECT_TRUE(dequantize(type, blocks.data(), n * k, w.dense.data()).ok());
   int64_t row_bytes = file_row_bytes;
   w.stored = blocks;
-  if (repacked_format(type)) {
-    row_bytes = repacked_row_bytes(c.format, k);
+  if (repacked) {
+    row_bytes = repacked_row_bytes(format, k);
     w.stored.resize(n * row_bytes);
     repack_rows(type, blocks.data(), n, k, w.stored.data());
   }
-  w.view = WeightView{c.format, w.stored.data(), n, k, row_bytes};
+  w.view = WeightView{format, w.stored.data(), n, k, row_bytes};
   return w;
 }
 

@@ -15,19 +15,14 @@
 #include "model/ggml_dequant.h"
 #include "model/weight_repack.h"
 #include "util/half.h"
+#include "kernel_test_support.h"
 
 namespace vericache::cpu {
 namespace {
 
 using vericache::GgmlType;
 
-std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using vericache::testing::random_vector;
 
 std::vector<const KernelTable*> tables() {
   std::vector<const KernelTable*> t{&portable_kernels()};
@@ -73,21 +68,13 @@ TEST(Kernels, QuantizedLinearEqualsLinearOverDequantizedWeights) {
   struct Case {
     GgmlType type;
     int64_t block_values, block_bytes;
-    std::vector<int> f16_offsets;  // where the block's f16 scales are
   };
-  const std::vector<Case> cases{{GgmlType::kQ8_0, 32, 34, {0}},   {GgmlType::kQ4_0, 32, 18, {0}},
-                                {GgmlType::kQ4_1, 32, 20, {0, 2}}, {GgmlType::kQ5_0, 32, 22, {0}},
-                                {GgmlType::kQ4_K, 256, 144, {0, 2}}, {GgmlType::kQ6_K, 256, 210, {208}}};
+  const std::vector<Case> cases{{GgmlType::kQ8_0, 32, 34},  {GgmlType::kQ4_0, 32, 18},   {GgmlType::kQ4_1, 32, 20},
+                                {GgmlType::kQ5_0, 32, 22},  {GgmlType::kQ4_K, 256, 144}, {GgmlType::kQ6_K, 256, 210}};
   for (const Case& c : cases) {
     const int64_t file_row_bytes = kdim / c.block_values * c.block_bytes;
-    std::vector<uint8_t> blocks(n * file_row_bytes);
-    for (auto& b : blocks) b = static_cast<uint8_t>(rng());
-    for (int64_t blk = 0; blk < n * kdim / c.block_values; ++blk) {
-      for (const int offset : c.f16_offsets) {  // finite f16 scales in [0.0039, 2)
-        const uint16_t h = static_cast<uint16_t>(0x1c00 + rng() % 0x2000) | (rng() % 2 ? 0x8000 : 0);
-        std::memcpy(&blocks[blk * c.block_bytes + offset], &h, 2);
-      }
-    }
+    const std::vector<uint8_t> blocks = testing::random_ggml_rows(c.type, n, kdim, rng);
+    ASSERT_EQ(static_cast<int64_t>(blocks.size()), n * file_row_bytes);
     std::vector<float> dense(n * kdim);
     ASSERT_TRUE(dequantize(c.type, blocks.data(), n * kdim, dense.data()).ok());
     // The kernels read ggml's 32-value blocks as they are and K-quants repacked.
