@@ -3,10 +3,11 @@
 // slice per request); decoding runs a fixed number of greedy steps past end-of-generation. With
 // --random-weights the model is a named shape with random weights, the caches random K/V and each
 // timed forward a decode step or a verify window: timing at a size no model file here has, named as
-// such in every line of output.
+// such in every line of output. --window on a model file runs the same timing with its weights.
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <random>
@@ -62,6 +63,7 @@ double forward_flops(const LlamaConfig& c, int64_t batch, int64_t window, int64_
 struct RandomKvTiming {
   int64_t steps = 0;
   double seconds = 0;
+  ForwardTimes times;  // summed over the timed forwards (CPU kernels)
 };
 Result<RandomKvTiming> time_forwards_on_random_kv(const LlamaModel& m, int64_t context, int64_t batch, int64_t window,
                                                   int64_t steps, int64_t page_size) {
@@ -84,13 +86,106 @@ Result<RandomKvTiming> time_forwards_on_random_kv(const LlamaModel& m, int64_t c
   RandomKvTiming timing;
   at::Tensor logits;
   for (int64_t step = 0; step <= steps; ++step) {
+    ForwardTimes times;
     const double start = now_seconds();
-    VC_RETURN_IF_ERROR(m.forward(items, &logits));
-    if (step > 0) timing.seconds += now_seconds() - start;
+    VC_RETURN_IF_ERROR(m.forward(items, &logits, {}, &times));
+    if (step > 0) {
+      timing.seconds += now_seconds() - start;
+      timing.times.attention_seconds += times.attention_seconds;
+      timing.times.linear_seconds += times.linear_seconds;
+      timing.times.logits_seconds += times.logits_seconds;
+    }
     for (SequenceKv& kv : caches) kv.truncate(pool, context);
   }
   timing.steps = steps;
   return timing;
+}
+
+// What the window timing of one run shares (time_windows).
+struct WindowTimingSetup {
+  const LlamaModel& m;
+  const std::string& model_name;
+  bool random_weights;
+  const std::string& engine;
+  int64_t weight_bytes, kv_bytes_per_token, steps, page_size;
+  bool json;
+};
+
+// The forwards-over-random-K/V timing of every (context, batch, window), windows in the order
+// given; each line splits ms/step into the weight matrices, attention and the output head (CPU
+// kernels; zeros on the torch forward) and, where window 1 ran before it in the same configuration,
+// gives the step in decode steps.
+int time_windows(const WindowTimingSetup& s, const std::vector<int64_t>& contexts, const std::vector<int64_t>& batches,
+                 const std::vector<int64_t>& windows) {
+  const LlamaModel& m = s.m;
+  const char* weights = s.random_weights ? "random (timing only)" : "the model file's";
+  if (!s.json) {
+    std::printf("model %s, %s %s, %d threads, %s, compute %s; K/V random (no prefill), %s weights\n",
+                s.model_name.c_str(), m.device().str().c_str(), c10::toString(m.dtype()), ThreadPool::global().threads(),
+                s.engine.c_str(), compute_name(m.compute()), weights);
+    std::printf("%8s %6s %7s %12s %10s %10s %10s %10s %12s %12s\n", "context", "batch", "window", "rows/s", "ms/step",
+                "linear ms", "attn ms", "logits ms", "GFLOP/step", "decode steps");
+  }
+  for (int64_t context : contexts) {
+    const int64_t longest = *std::max_element(windows.begin(), windows.end());
+    if (context + longest > m.config().context_length) {
+      return report_usage_error("bench", "context " + std::to_string(context) + " + a window of " + std::to_string(longest) +
+                                             " exceeds the model's context of " + std::to_string(m.config().context_length));
+    }
+    for (int64_t batch : batches) {
+      double decode_ms = 0;  // window 1's ms/step in this configuration, once timed
+      for (int64_t window : windows) {
+        std::fprintf(stderr, "[bench] %s: context %lld, batch %lld, window %lld: %lld timed forwards\n",
+                     m.path().c_str(), static_cast<long long>(context), static_cast<long long>(batch),
+                     static_cast<long long>(window), static_cast<long long>(s.steps));
+        auto timing = time_forwards_on_random_kv(m, context, batch, window, s.steps, s.page_size);
+        if (!timing.ok()) return report_error(timing.status());
+        const double per_step = 1000.0 / static_cast<double>(timing->steps);
+        const double ms_per_step = per_step * timing->seconds;
+        if (window == 1) decode_ms = ms_per_step;
+        const double rows_per_s = static_cast<double>(batch * window) * 1000.0 / ms_per_step;
+        const double flops = forward_flops(m.config(), batch, window, context);
+        const double linear_ms = per_step * timing->times.linear_seconds;
+        const double attention_ms = per_step * timing->times.attention_seconds;
+        const double logits_ms = per_step * timing->times.logits_seconds;
+        if (s.json) {
+          nlohmann::json out{{"system", "vericache"},
+                             {"model", s.model_name}, {"compute", compute_name(m.compute())},
+                             {"weights", weights},
+                             {"kv", "random (no prefill)"},
+                             {"context", context},
+                             {"batch", batch},
+                             {"window", window},
+                             {"steps", timing->steps},
+                             {"ms_per_step", ms_per_step},
+                             {"linear_ms", linear_ms},
+                             {"attention_ms", attention_ms},
+                             {"logits_ms", logits_ms},
+                             {"rows_per_s", rows_per_s},
+                             {"threads", ThreadPool::global().threads()},
+                             {"engine", s.engine},
+                             {"device", m.device().str()},
+                             {"dtype", c10::toString(m.dtype())},
+                             {"weight_bytes", s.weight_bytes},
+                             {"kv_bytes_per_step", s.kv_bytes_per_token * batch * (context + window)},
+                             {"flops_per_step", flops}};
+          if (decode_ms > 0) out["decode_steps"] = ms_per_step / decode_ms;
+          std::cout << out.dump() << std::endl;
+        } else {
+          std::printf("%8lld %6lld %7lld %12.1f %10.3f %10.3f %10.3f %10.3f %12.1f", static_cast<long long>(context),
+                      static_cast<long long>(batch), static_cast<long long>(window), rows_per_s, ms_per_step, linear_ms,
+                      attention_ms, logits_ms, flops / 1e9);
+          if (decode_ms > 0) {
+            std::printf(" %12.2f\n", ms_per_step / decode_ms);
+          } else {
+            std::printf(" %12s\n", "-");
+          }
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  return kExitOk;
 }
 
 }  // namespace
@@ -98,7 +193,8 @@ Result<RandomKvTiming> time_forwards_on_random_kv(const LlamaModel& m, int64_t c
 int run_bench(int argc, char** argv) {
   std::string compute_arg;
   std::string model_arg, random_shape, text_file, contexts_arg, batches_arg;
-  int64_t decode_tokens = 32, page_size = 16, prefill_chunk = 512, window = 1;
+  int64_t decode_tokens = 32, page_size = 16, prefill_chunk = 512;
+  std::string window_arg;
   int threads = 0;
   std::string device_arg, dtype_arg;
   bool json = false;
@@ -111,6 +207,10 @@ int run_bench(int argc, char** argv) {
       "With --random-weights SHAPE: a model of that shape with random weights (for timing a size no\n"
       "model file here has; every output line says so), no prefill: each request's cache holds C\n"
       "slots of random K/V and each timed forward adds --window tokens per request, then drops them.\n"
+      "The same timing runs on a model file's weights when --window is given (--window 1,17: a decode\n"
+      "step and a 17-row verify window, adjacent; the time of a forward does not depend on the K/V\n"
+      "values). Each line splits ms/step into the weight matrices, attention and the output head, and\n"
+      "gives the forward in decode steps once window 1 ran in the same configuration.\n"
       "The JSON lines carry bytes and FLOPs per step for harness/bench/roofline.py. Shapes:\n" +
       shape_list() + "\nOptions");
   // clang-format off
@@ -126,8 +226,9 @@ int run_bench(int argc, char** argv) {
     ("batches", po::value(&batches_arg)->default_value("1,8"), "comma-separated batch sizes")
     ("decode-tokens", po::value(&decode_tokens)->default_value(32),
      "greedy decode steps per configuration (with --random-weights: timed forwards, after one untimed)")
-    ("window", po::value(&window)->default_value(1),
-     "with --random-weights: new tokens per request in each forward (1: decode steps; x + 1: verify windows)")
+    ("window", po::value(&window_arg)->default_value("1"),
+     "comma-separated new tokens per request in each timed forward over random K/V (1: decode steps; "
+     "x + 1: verify windows); with a model file this replaces prefill and decoding by that timing")
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores")
     ("device", po::value(&device_arg)->default_value("cpu"), "cpu, or cuda[:N] for the GPU forward")
     ("dtype", po::value(&dtype_arg)->default_value("auto"), "float32, bfloat16 or float16; auto: float32 on cpu, bfloat16 on cuda")
@@ -138,14 +239,16 @@ int run_bench(int argc, char** argv) {
   po::variables_map vm;
   const std::string example =
       "Examples:\n  vericache bench --contexts 512,2048 --batches 1,8 --decode-tokens 32\n"
-      "  vericache bench --random-weights llama-3.1-8b --device cuda --contexts 8192 --batches 1,8\n";
+      "  vericache bench --random-weights llama-3.1-8b --device cuda --contexts 8192 --batches 1,8\n"
+      "  vericache bench --window 1,17 --contexts 2048 --batches 1   (a verify window in decode steps)\n";
   if (auto done = parse_command_line("bench", desc, example, argc, argv, &vm,
-                                     {{"decode-tokens", 2, 1 << 20}, {"window", 1, 1024}, kThreadsRange, kPageSizeRange, kPrefillChunkRange}))
+                                     {{"decode-tokens", 2, 1 << 20}, kThreadsRange, kPageSizeRange, kPrefillChunkRange}))
     return *done;
-  std::vector<int64_t> contexts, batches;
+  std::vector<int64_t> contexts, batches, windows;
   try {
     contexts = parse_positive_list(contexts_arg, "contexts", kMaxContextLength);
     batches = parse_positive_list(batches_arg, "batches", 4096);
+    windows = parse_positive_list(window_arg, "window", 1024);
   } catch (const po::error& e) {
     return report_usage_error("bench", e.what());
   }
@@ -155,7 +258,6 @@ int run_bench(int argc, char** argv) {
   if (random && (vm.count("model") || !vm["text-file"].defaulted())) {
     return report_usage_error("bench", "--random-weights replaces --model and --text-file; pass one or the other");
   }
-  if (!random && !vm["window"].defaulted()) return report_usage_error("bench", "--window needs --random-weights");
   if (random) {
     if (auto shape = find_named_shape(random_shape); !shape.ok()) {
       return report_usage_error("bench", "--random-weights: " + shape.status().message());
@@ -168,7 +270,7 @@ int run_bench(int argc, char** argv) {
   const std::string model_name = random ? m.path() + " (random weights, timing only)" : m.path();
 
   std::vector<int32_t> corpus;
-  if (!random) {
+  if (!random && vm["window"].defaulted()) {
     std::stringstream text;
     auto file = MappedFile::open(text_file);
     if (!file.ok()) return report_error(file.status());
@@ -181,54 +283,9 @@ int run_bench(int argc, char** argv) {
   const int64_t elem = c10::elementSize(m.dtype());
   const int64_t weight_bytes = m.decode_weight_bytes();
   const int64_t kv_bytes_per_token = 2 * m.config().n_layers * m.config().n_kv_heads * m.config().head_dim * elem;
-  if (random) {
-    if (!json) {
-      std::printf("model %s, %s %s, %d threads, %s; K/V random (no prefill), %lld-token forwards\n", model_name.c_str(),
-                  m.device().str().c_str(), c10::toString(m.dtype()), ThreadPool::global().threads(), engine.c_str(),
-                  static_cast<long long>(window));
-      std::printf("%8s %6s %7s %14s %12s %14s\n", "context", "batch", "window", "rows/s", "ms/step", "GFLOP/step");
-    }
-    for (int64_t context : contexts) {
-      if (context + window > m.config().context_length) {
-        return report_usage_error("bench", "context " + std::to_string(context) + " + a window of " + std::to_string(window) +
-                                               " exceeds the model's context of " + std::to_string(m.config().context_length));
-      }
-      for (int64_t batch : batches) {
-        std::fprintf(stderr, "[bench] %s: context %lld, batch %lld, window %lld: %lld timed forwards\n",
-                     m.path().c_str(), static_cast<long long>(context), static_cast<long long>(batch),
-                     static_cast<long long>(window), static_cast<long long>(decode_tokens));
-        auto timing = time_forwards_on_random_kv(m, context, batch, window, decode_tokens, page_size);
-        if (!timing.ok()) return report_error(timing.status());
-        const double ms_per_step = 1000.0 * timing->seconds / static_cast<double>(timing->steps);
-        const double rows_per_s = static_cast<double>(batch * window) * 1000.0 / ms_per_step;
-        const double flops = forward_flops(m.config(), batch, window, context);
-        if (json) {
-          nlohmann::json out{{"system", "vericache"},
-                             {"model", model_name}, {"compute", compute_name(m.compute())},
-                             {"weights", "random (timing only)"},
-                             {"kv", "random (no prefill)"},
-                             {"context", context},
-                             {"batch", batch},
-                             {"window", window},
-                             {"steps", timing->steps},
-                             {"ms_per_step", ms_per_step},
-                             {"rows_per_s", rows_per_s},
-                             {"threads", ThreadPool::global().threads()},
-                             {"engine", engine},
-                             {"device", m.device().str()},
-                             {"dtype", c10::toString(m.dtype())},
-                             {"weight_bytes", weight_bytes},
-                             {"kv_bytes_per_step", kv_bytes_per_token * batch * (context + window)},
-                             {"flops_per_step", flops}};
-          std::cout << out.dump() << std::endl;
-        } else {
-          std::printf("%8lld %6lld %7lld %14.1f %12.3f %14.1f\n", static_cast<long long>(context),
-                      static_cast<long long>(batch), static_cast<long long>(window), rows_per_s, ms_per_step, flops / 1e9);
-          std::fflush(stdout);
-        }
-      }
-    }
-    return kExitOk;
+  if (random || !vm["window"].defaulted()) {
+    const WindowTimingSetup setup{m, model_name, random, engine, weight_bytes, kv_bytes_per_token, decode_tokens, page_size, json};
+    return time_windows(setup, contexts, batches, windows);
   }
   if (!json) {
     std::printf("model %s (%s), %s %s, %d threads, %s\n", model_name.c_str(), m.weight_type().c_str(),

@@ -406,7 +406,8 @@ TEST(Cli, BenchAttentionMeasuresFloatAndKiviBothWays) {
 
 // bench --random-weights: every line names the random weights and the random K/V; bytes per step
 // count the cache each forward reads (C cached + the window's slots, float32 K and V in 30 layers
-// of 3 heads x 64); FLOPs grow with the window; the option errors say what to do.
+// of 3 heads x 64); FLOPs grow with the window; the option errors say what to do. bench --window on
+// the model file: the same timing with its weights, split into parts, in decode steps.
 TEST(Cli, BenchRandomWeightsTimesForwardsAtANamedShape) {
   const CliRun r = run_vericache(
       "bench --random-weights smollm2-135m --contexts 64 --batches 2 --decode-tokens 2 --window 1 --json");
@@ -441,9 +442,26 @@ TEST(Cli, BenchRandomWeightsTimesForwardsAtANamedShape) {
   EXPECT_EQ(both.err.rfind("vericache bench: --random-weights replaces --model and --text-file; pass one or the other", 0),
             0u)
       << both.err;
-  const CliRun window_alone = run_vericache("bench --window 3 --contexts 64 --batches 1");
-  EXPECT_EQ(window_alone.exit_code, 2);
-  EXPECT_EQ(window_alone.err.rfind("vericache bench: --window needs --random-weights", 0), 0u) << window_alone.err;
+  // On the model file's weights: a decode step, then a 3-row window, its time split into the weight
+  // matrices, attention and the output head, and given in decode steps of the same configuration.
+  const CliRun file = run_vericache("bench --window 1,3 --contexts 64 --batches 1 --decode-tokens 2 --json");
+  ASSERT_EQ(file.exit_code, 0) << file.err;
+  std::vector<nlohmann::json> lines;
+  std::istringstream out(file.out);
+  for (std::string line; std::getline(out, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 2u) << file.out;
+  for (const nlohmann::json& row : lines) {
+    EXPECT_EQ(row["weights"], "the model file's");
+    EXPECT_EQ(row["kv"], "random (no prefill)");
+    for (const char* part : {"linear_ms", "attention_ms", "logits_ms"}) EXPECT_GT(row[part].get<double>(), 0.0) << part;
+    EXPECT_LT(row["linear_ms"].get<double>() + row["attention_ms"].get<double>() + row["logits_ms"].get<double>(),
+              row["ms_per_step"].get<double>());
+  }
+  EXPECT_EQ(lines[0]["window"], 1);
+  EXPECT_EQ(lines[1]["window"], 3);
+  EXPECT_EQ(lines[0]["decode_steps"], 1.0);
+  EXPECT_NEAR(lines[1]["decode_steps"].get<double>(),
+              lines[1]["ms_per_step"].get<double>() / lines[0]["ms_per_step"].get<double>(), 1e-9);
   const CliRun help = run_vericache("bench --help");
   EXPECT_NE(help.out.find("llama-3.1-8b  Llama-3.1-8B (32 layers"), std::string::npos) << help.out;
 }

@@ -149,7 +149,12 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     prefix_v[i] = at::empty({pages, nkv, page_size[i], hd}, at::kFloat);
   }
 
-  double attention_seconds = 0;
+  double attention_seconds = 0, linear_seconds = 0;
+  auto timed_linear = [&](const float* in, int64_t ldx, const Weight& w, float* out, int64_t ldy) {
+    const auto start = std::chrono::steady_clock::now();
+    parallel_linear(in, ldx, rows, w, out, ldy);
+    linear_seconds += seconds_since(start);
+  };
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const Layer& L = layers_[l];
     auto attention_start = std::chrono::steady_clock::now();
@@ -172,7 +177,7 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     }
     attention_seconds += seconds_since(attention_start);
     parallel_rms_norm(k, x.data(), rows, d, L.attn_norm, eps, h.data());
-    parallel_linear(h.data(), d, rows, L.wqkv, qkv.data(), qkv_width);
+    timed_linear(h.data(), d, L.wqkv, qkv.data(), qkv_width);
     if (L.bqkv.defined()) {
       const float* b = L.bqkv.data_ptr<float>();
       for (int64_t r = 0; r < rows; ++r)
@@ -254,21 +259,22 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
       VC_RETURN_IF_ERROR(observer(acts));
     }
 
-    parallel_linear(attn.data(), q_width, rows, L.wo, proj.data(), d);
+    timed_linear(attn.data(), q_width, L.wo, proj.data(), d);
     for (int64_t e = 0; e < rows * d; ++e) x[e] += proj[e];
 
     parallel_rms_norm(k, x.data(), rows, d, L.ffn_norm, eps, h.data());
-    parallel_linear(h.data(), d, rows, L.w_gate_up, gate_up.data(), 2 * dff);
+    timed_linear(h.data(), d, L.w_gate_up, gate_up.data(), 2 * dff);
     ThreadPool::global().parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const float* g = gate_up.data() + r * 2 * dff;
         k.silu_mul(g, g + dff, dff, act.data() + r * dff);
       }
     });
-    parallel_linear(act.data(), dff, rows, L.w_down, proj.data(), d);
+    timed_linear(act.data(), dff, L.w_down, proj.data(), d);
     for (int64_t e = 0; e < rows * d; ++e) x[e] += proj[e];
   }
 
+  const auto logits_start = std::chrono::steady_clock::now();
   const std::vector<int64_t> out_rows = logit_rows(batch, begin);
   const auto n_out = static_cast<int64_t>(out_rows.size());
   std::vector<float> final_h(n_out * d);
@@ -277,7 +283,11 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
   }
   *logits = at::empty({n_out, c.vocab_size}, at::kFloat);
   if (n_out > 0) parallel_linear(final_h.data(), d, n_out, output_, logits->data_ptr<float>(), c.vocab_size);
-  if (times != nullptr) times->attention_seconds += attention_seconds;
+  if (times != nullptr) {
+    times->attention_seconds += attention_seconds;
+    times->linear_seconds += linear_seconds;
+    times->logits_seconds += seconds_since(logits_start);
+  }
   return Status();
 }
 

@@ -110,6 +110,8 @@ constexpr int64_t kMaxFusedRows = 16;
 // Where a CPU forward's time went (LlamaModel::forward), summed over layers.
 struct ForwardTimes {
   double attention_seconds = 0;  // unpacking packed pages + the attention kernels
+  double linear_seconds = 0;     // the layers' weight matrices (integer mode: quantizing rows too)
+  double logits_seconds = 0;     // the output head (final norm and the vocabulary matrix)
 };
 
 // Called after each layer's attention with that layer's activations for the whole batch
