@@ -71,6 +71,14 @@ struct PagedAttentionArgs {
   const int32_t* packed_pages = nullptr;
 };
 
+// Query vectors (rows x the query heads of one KV head) that share one pass over the keys in
+// KernelTable::attention: a call of more rows runs them in tiles of attention_rows_per_tile.
+constexpr int64_t kAttentionQueryTile = 16;
+inline int64_t attention_rows_per_tile(int64_t n_heads, int64_t n_kv_heads) {
+  const int64_t group = n_heads / n_kv_heads;
+  return group >= kAttentionQueryTile ? 1 : kAttentionQueryTile / group;
+}
+
 struct KernelTable {
   const char* isa;  // "avx512" or "portable"
   // y[m, n] = sum_k x[m, k] * w[n, k] for m < M and n in [n0, n1); k is w.k.

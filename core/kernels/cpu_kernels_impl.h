@@ -25,7 +25,7 @@ inline uint16_t load_u16(const uint8_t* p) {
   return v;
 }
 
-constexpr int kMaxQueries = 16;  // query vectors (rows x heads of a group) per attention score tile
+constexpr int kMaxQueries = static_cast<int>(kAttentionQueryTile);
 
 // ---------------------------------------------------------------------------------------------
 // linear: each y[m, n] is one 16-lane accumulator running over k in order, then reduce_add.
@@ -593,7 +593,7 @@ void attention_values_dispatch(const PagedAttentionArgs& a, int64_t kv_head, int
 template <int HD>
 void attention_hd(const PagedAttentionArgs& a, int64_t kv_head, int64_t row0, int64_t row1) {
   const int64_t group = a.n_heads / a.n_kv_heads;
-  const int64_t rows_per_tile = std::max<int64_t>(1, kMaxQueries / group);
+  const int64_t rows_per_tile = attention_rows_per_tile(a.n_heads, a.n_kv_heads);
   const int64_t stride = (a.cached_len + row1 + simd::kLanes - 1) / simd::kLanes * simd::kLanes;
   thread_local std::vector<float> scratch;
   const int64_t tile_queries = std::min<int64_t>(kMaxQueries, rows_per_tile * group);

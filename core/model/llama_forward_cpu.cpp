@@ -86,17 +86,18 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     }
   }
 
-  // Attention work: (request, KV head, tile of new rows). Tiles bound the per-item work so
-  // prefill spreads over threads; they do not change any result.
+  // Attention work: (request, KV head, tile of new rows). Tiles spread an item's rows over threads
+  // (a verify window's 17 rows are 4 jobs per KV head, not a 16-row and a 1-row one); each is the
+  // kernel's own tile, so no job re-reads keys another could share, and no result changes.
   struct AttentionWork {
     int64_t item, kv_head, row0, row1;
   };
-  constexpr int64_t kRowTile = 16;
+  const int64_t row_tile = cpu::attention_rows_per_tile(nh, nkv);
   std::vector<AttentionWork> work;
   for (size_t i = 0; i < batch.size(); ++i) {
     const int64_t n = begin[i + 1] - begin[i];
     for (int64_t g = 0; g < nkv; ++g)
-      for (int64_t r = 0; r < n; r += kRowTile) work.push_back({static_cast<int64_t>(i), g, r, std::min(n, r + kRowTile)});
+      for (int64_t r = 0; r < n; r += row_tile) work.push_back({static_cast<int64_t>(i), g, r, std::min(n, r + row_tile)});
   }
 
   // What a layer observer sees: views of this forward's buffers, valid during the call.

@@ -13,14 +13,17 @@ licence texts the model has memorized; throughput does not depend on which, acce
            B*(D-1) / seconds, and milliseconds per step
 llama.cpp is the PyPI `llama-cpp-python` build (its version and system info are recorded), run with
 its KV cache in F32 for the F32 file (equal precision) and in its default F16 for the Q4_1 file.
-On this VM the CPU reports AMX but executing it raises SIGILL, so llama.cpp is built without it:
+On the Intel Xeon VMs the CPU reports AMX but executing it raises SIGILL, so llama.cpp is built without it:
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
     -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install llama-cpp-python==0.3.36
+The AMD EPYC VMs have AVX-512 VNNI but not the 256-bit AVX-VNNI, so there -DGGML_AVX_VNNI=OFF (a wheel
+built on Intel dies with SIGILL on AMD: add --no-cache-dir --force-reinstall when switching machines).
 
 Writes results/bench_cpu_smollm2.md and .json (or --out PREFIX). Usage, from the repository root:
   .venv/bin/pip install gguf==0.19.0 (and llama-cpp-python as above; it builds llama.cpp, ~11 min)
   .venv/bin/python harness/bench/cpu_bench.py [--contexts 512,2048,8160] [--batches 1,8] [--decode-tokens 32]
+      [--compute auto|float32|integer] [--files packaged,f32]
 """
 import argparse
 import ctypes
@@ -80,9 +83,10 @@ def make_f32_copy(src, dst):
     os.replace(dst + ".tmp", dst)
 
 
-def run_vericache(model, context, batch, decode_tokens, threads, text_file):
+def run_vericache(model, context, batch, decode_tokens, threads, text_file, compute):
     cmd = [VERICACHE, "bench", "--model", model, "--contexts", str(context), "--batches", str(batch),
-           "--decode-tokens", str(decode_tokens), "--threads", str(threads), "--text-file", text_file, "--json"]
+           "--decode-tokens", str(decode_tokens), "--threads", str(threads), "--text-file", text_file,
+           "--compute", compute, "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -158,17 +162,22 @@ class LlamaCpp:
                 "threads": self.threads, "kv_dtype": {0: "f32", 1: "f16"}[kv_type], "flash_attn": fa}
 
 
-WEIGHTS_NOTE_SMOLLM2 = [
-    "- VeriCache computes in float32 with an f32 KV cache; Q4_1 / Q8_0 weights stay in their blocks and are",
-    "  dequantized on the fly into exactly the floats of the F32 file, so both files give the same logits.",
-    "  llama.cpp computes on the file's own types (Q4_1 with its default F16 KV cache and Q8_1-quantized",
-    "  activations; F32 with an F32 KV cache).",
-]
-WEIGHTS_NOTE_QWEN = [
-    "- VeriCache computes in float32 with an f32 KV cache; Q4_K / Q5_0 / Q6_K / Q8_0 weights stay in their",
-    "  blocks and are dequantized on the fly into exactly the floats of a load-time dequantization (a Q, K, V",
-    "  stack whose parts differ in type, as attn_v often does in Q4_K_M files, is held in float32).",
-    "  llama.cpp computes on the file's own types with its default F16 KV cache and quantized activations.",
+# What each side computes, by VeriCache's compute mode (`vericache bench --compute`).
+COMPUTE_NOTES = {
+    "float32": [
+        "- VeriCache (compute float32) computes in float32 with an f32 KV cache; quantized weights stay in their",
+        "  blocks and are dequantized on the fly into exactly the floats of a load-time dequantization (matching",
+        "  transformers bit for bit; a Q, K, V stack whose parts differ in type is held in float32).",
+    ],
+    "integer": [
+        "- VeriCache (compute integer) quantizes each activation row to 8-bit blocks of 32 and multiplies them by",
+        "  the weights' own codes with integer dot products (AVX-512 VNNI where present), f32 KV cache and float32",
+        "  attention; a file with no quantized matrices (the F32 copy) computes in float32.",
+    ],
+}
+LLAMA_CPP_NOTE = [
+    "- llama.cpp computes on the file's own types: quantized weights times quantized activations with its",
+    "  default F16 KV cache; the F32 file with an F32 KV cache.",
 ]
 
 
@@ -183,6 +192,11 @@ def main():
     ap.add_argument("--text", choices=["datasets", "corpus"], default="datasets",
                     help="what the prompts are cut from: the repository's prompt sets joined (default), or "
                          "the tokenizer corpus (licence texts the model has memorized)")
+    ap.add_argument("--compute", choices=["auto", "float32", "integer"], default="auto",
+                    help="VeriCache's arithmetic (vericache bench --compute); auto: integer for quantized files")
+    ap.add_argument("--files", default="packaged,f32",
+                    help="smollm2-135m only: which of its files to run, comma-separated (packaged: the Q4_1 file; "
+                         "f32: an F32 copy made from it, equal precision with compute float32)")
     ap.add_argument("--out", help="output prefix (default results/bench_cpu_<model>)")
     args = ap.parse_args()
     if args.out is None:
@@ -196,8 +210,13 @@ def main():
     import llama_cpp
     if args.model == "smollm2-135m":
         title = "SmolLM2-135M-Instruct"
-        make_f32_copy(PACKAGED, F32_COPY)
-        files = (("Q4_1 (packaged)", PACKAGED, 1), ("F32 (equal precision)", F32_COPY, 0))
+        chosen = args.files.split(",")
+        if not chosen or any(f not in ("packaged", "f32") for f in chosen):
+            sys.exit(f"cpu_bench.py: --files {args.files}: give packaged, f32 or both, comma-separated")
+        files = tuple(f for key, f in (("packaged", ("Q4_1 (packaged)", PACKAGED, 1)),
+                                       ("f32", ("F32 (equal precision)", F32_COPY, 0))) if key in chosen)
+        if "f32" in chosen:
+            make_f32_copy(PACKAGED, F32_COPY)
     else:
         title, name = MODELS[args.model]
         files = (("Q4_K_M (packaged)", os.path.join(ROOT, ".models", name), 1),)
@@ -214,7 +233,7 @@ def main():
             for batch in batches:
                 prompts = [corpus[i * context:(i + 1) * context] for i in range(batch)]
                 log(f"{label}: context {context}, batch {batch}: vericache")
-                ours = run_vericache(path, context, batch, args.decode_tokens, args.threads, text_file)
+                ours = run_vericache(path, context, batch, args.decode_tokens, args.threads, text_file, args.compute)
                 log(f"{label}: context {context}, batch {batch}: llama.cpp")
                 theirs = peer.bench(prompts, args.decode_tokens, kv_type)
                 rows.append({"file": label, "context": context, "batch": batch, "vericache": ours, "llama_cpp": theirs})
@@ -236,15 +255,15 @@ def main():
                          "(licence texts the model has memorized)") + "; throughput does not depend on the text",
         f"- machine: {cpu}, {meta['cores']} cores, {args.threads} threads for both engines",
         f"- llama.cpp: llama-cpp-python {meta['llama_cpp_python']} ({meta['llama_cpp_system_info']})",
-    ] + (WEIGHTS_NOTE_SMOLLM2 if args.model == "smollm2-135m" else WEIGHTS_NOTE_QWEN) + [
+    ] + [n for c in sorted({r["vericache"]["compute"] for r in rows}) for n in COMPUTE_NOTES[c]] + LLAMA_CPP_NOTE + [
         f"- prefill: B requests of C prompt tokens; decode: {args.decode_tokens - 1} steps of one token per request.",
         "",
-        "| weights | context | batch | prefill tok/s ours | llama.cpp | ratio | decode tok/s ours | llama.cpp | ratio | ms/step ours | llama.cpp |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| weights | compute | context | batch | prefill tok/s ours | llama.cpp | ratio | decode tok/s ours | llama.cpp | ratio | ms/step ours | llama.cpp |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         o, t = r["vericache"], r["llama_cpp"]
-        lines.append(f"| {r['file']} | {r['context']} | {r['batch']} | {o['prefill_tok_s']:.1f} | {t['prefill_tok_s']:.1f} | "
+        lines.append(f"| {r['file']} | {o['compute']} | {r['context']} | {r['batch']} | {o['prefill_tok_s']:.1f} | {t['prefill_tok_s']:.1f} | "
                      f"{o['prefill_tok_s'] / t['prefill_tok_s']:.2f}x | {o['decode_tok_s']:.1f} | {t['decode_tok_s']:.1f} | "
                      f"{o['decode_tok_s'] / t['decode_tok_s']:.2f}x | {o['ms_per_step']:.1f} | {t['ms_per_step']:.1f} |")
     write_atomically(args.out + ".md", "\n".join(lines) + "\n")
