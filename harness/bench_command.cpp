@@ -17,6 +17,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/generator.h"
+#include "model/cpu_attention.h"
 #include "model/model_shapes.h"
 #include "util/mapped_file.h"
 #include "util/thread_pool.h"
@@ -194,7 +195,7 @@ int run_bench(int argc, char** argv) {
   std::string compute_arg;
   std::string model_arg, random_shape, text_file, contexts_arg, batches_arg;
   int64_t decode_tokens = 32, page_size = 16, prefill_chunk = 512;
-  std::string window_arg;
+  std::string window_arg, split_arg;
   int threads = 0;
   std::string device_arg, dtype_arg;
   bool json = false;
@@ -230,6 +231,10 @@ int run_bench(int argc, char** argv) {
      "comma-separated new tokens per request in each timed forward over random K/V (1: decode steps; "
      "x + 1: verify windows); with a model file this replaces prefill and decoding by that timing")
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores")
+    ("attention-split", po::value(&split_arg)->default_value("auto"),
+     "CPU attention over threads, an ablation (same bits either way): auto (in phases by slots and channels "
+     "when there are fewer (request, KV head) jobs than twice the threads), phases, or whole (one job per "
+     "request, KV head and row tile)")
     ("device", po::value(&device_arg)->default_value("cpu"), "cpu, or cuda[:N] for the GPU forward")
     ("dtype", po::value(&dtype_arg)->default_value("auto"), "float32, bfloat16 or float16; auto: float32 on cpu, bfloat16 on cuda")
     ("page-size", po::value(&page_size)->default_value(16), "KV cache page size in tokens (a multiple of 16)")
@@ -254,6 +259,13 @@ int run_bench(int argc, char** argv) {
   }
   auto load_options = parse_load_options(device_arg, dtype_arg);
   if (!load_options.ok()) return report_usage_error("bench", load_options.status().message());
+  if (split_arg == "phases") {
+    set_attention_split(AttentionSplit::kAlways);
+  } else if (split_arg == "whole") {
+    set_attention_split(AttentionSplit::kNever);
+  } else if (split_arg != "auto") {
+    return report_usage_error("bench", "--attention-split " + split_arg + ": give auto, phases or whole");
+  }
   const bool random = vm.count("random-weights") > 0;
   if (random && (vm.count("model") || !vm["text-file"].defaulted())) {
     return report_usage_error("bench", "--random-weights replaces --model and --text-file; pass one or the other");

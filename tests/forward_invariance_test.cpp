@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 
+#include "model/cpu_attention.h"
 #include "test_support.h"
 
 namespace vericache {
@@ -208,6 +209,52 @@ TEST(ForwardInvariance, PortableAndAvx512KernelsAgreeBitwise) {
   const at::Tensor fast = window_after_prefix(m);
   m.set_kernels(cpu::portable_kernels());
   EXPECT_TRUE(bitwise_equal(fast, window_after_prefix(m)));
+}
+
+// Attention in three phases (scores by slot ranges, softmax per query, values by channel ranges,
+// each phase over all threads; what a decode step of few requests uses) gives the bits of whole
+// jobs, on both kernel builds: one-token decodes and a 7-row window after a prefix (300 tokens on
+// AVX-512: scores span two 256-slot tasks), and a 2-request batch.
+TEST(ForwardInvariance, PhasedAttentionEqualsWholeJobs) {
+  auto loaded = LlamaModel::load(testing::default_model_path());
+  ASSERT_TRUE(loaded.ok());
+  LlamaModel& m = **loaded;
+  auto pool = m.make_page_pool(16, 4096);
+  ASSERT_TRUE(pool.ok());
+  const std::vector<int32_t> tokens = prompt_tokens(m, 310, 11);
+  std::vector<const cpu::KernelTable*> tables{&cpu::portable_kernels()};
+  if (cpu::avx512_kernels() != nullptr) tables.push_back(cpu::avx512_kernels());
+  for (const cpu::KernelTable* table : tables) {
+    m.set_kernels(*table);
+    // The portable build is slow: a shorter prefix (one 256-slot task) keeps the test short.
+    const int64_t prefix = table == &cpu::portable_kernels() ? 40 : 300, shorter = prefix - 20;
+    SequenceKv kv(m.config().n_layers), other(m.config().n_layers);
+    run(m, *pool, kv, std::span(tokens).first(prefix));
+    run(m, *pool, other, std::span(tokens).first(shorter));
+    // Two decodes, a 7-row window and a 2-request batch, then both caches back to their prefixes.
+    auto logits_of = [&](AttentionSplit split) {
+      const AttentionSplit before = set_attention_split(split);
+      std::vector<at::Tensor> rows;
+      for (int64_t i = 0; i < 2; ++i) rows.push_back(run(m, *pool, kv, std::span(tokens).subspan(prefix + i, 1)));
+      rows.push_back(run(m, *pool, kv, std::span(tokens).subspan(prefix + 2, 7)));
+      const std::vector<int32_t> one{tokens[shorter]}, two{tokens[prefix + 9]};
+      const std::vector<int32_t> positions_one{static_cast<int32_t>(shorter)}, positions_two{static_cast<int32_t>(prefix + 9)};
+      std::vector<ForwardItem> items{ForwardItem{one, positions_one, &other, &*pool, LogitRows::kLast, 1},
+                                     ForwardItem{two, positions_two, &kv, &*pool, LogitRows::kLast, 0}};
+      at::Tensor batch;
+      EXPECT_TRUE(m.forward(items, &batch).ok());
+      rows.push_back(batch);
+      kv.truncate(*pool, prefix);
+      other.truncate(*pool, shorter);
+      set_attention_split(before);
+      return at::cat(rows, 0);
+    };
+    const at::Tensor whole = logits_of(AttentionSplit::kNever), phased = logits_of(AttentionSplit::kAlways);
+    EXPECT_EQ(whole.size(0), 11);
+    EXPECT_TRUE(bitwise_equal(whole, phased)) << table->isa;
+    kv.release(*pool);
+    other.release(*pool);
+  }
 }
 
 // Weights kept in their ggml blocks and dequantized on the fly give the same bits as weights

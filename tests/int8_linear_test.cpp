@@ -16,6 +16,7 @@
 #include "model/ggml_dequant.h"
 #include "model/int8_repack.h"
 #include "model/weight_repack.h"
+#include "util/half.h"
 #include "kernel_test_support.h"
 
 namespace vericache::cpu {
@@ -103,9 +104,15 @@ Panels panels_of(const WeightView& w) {
   return p;
 }
 
-float read_float(const uint8_t* p) {
+// Entry `index` of a block's scales and minimums, stored as floats or halves.
+float read_scale(const uint8_t* block, int64_t index, const IntWeightFormat& f) {
+  if (f.float_bytes == 2) {
+    uint16_t h;
+    std::memcpy(&h, block + 2 * index, 2);
+    return fp16_to_fp32(h);
+  }
   float v;
-  std::memcpy(&v, p, 4);
+  std::memcpy(&v, block + 4 * index, 4);
   return v;
 }
 
@@ -117,7 +124,7 @@ float scalar_reference(const IntWeightView& w, const QuantizedRows& x, int64_t r
   float acc = 0.0f;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = w.data + p * w.panel_bytes + b * int_block_bytes(f);
-    const uint8_t* codes = block + 4 * kPanelColumns * (f.scales + (f.has_min ? 1 : 0));
+    const uint8_t* codes = block + f.float_bytes * kPanelColumns * (f.scales + (f.has_min ? 1 : 0));
     int32_t half[2] = {0, 0}, code_sum[2] = {0, 0};
     for (int i = 0; i < 32; ++i) {
       const int group = i / 4, t = i % 4;
@@ -135,13 +142,13 @@ float scalar_reference(const IntWeightView& w, const QuantizedRows& x, int64_t r
     const float ad = x.scales[r * blocks + b];
     const int32_t i0 = half[0] - f.zero * code_sum[0], i1 = half[1] - f.zero * code_sum[1];
     if (f.scales == 1) {
-      acc = std::fma(read_float(block + 4 * j) * ad, static_cast<float>(i0 + i1), acc);
+      acc = std::fma(read_scale(block, j, f) * ad, static_cast<float>(i0 + i1), acc);
     } else {
-      acc = std::fma(read_float(block + 4 * j) * ad, static_cast<float>(i0), acc);
-      acc = std::fma(read_float(block + 4 * (kPanelColumns + j)) * ad, static_cast<float>(i1), acc);
+      acc = std::fma(read_scale(block, j, f) * ad, static_cast<float>(i0), acc);
+      acc = std::fma(read_scale(block, kPanelColumns + j, f) * ad, static_cast<float>(i1), acc);
     }
     if (f.has_min) {
-      acc = std::fma(read_float(block + 4 * (kPanelColumns * f.scales + j)) * ad,
+      acc = std::fma(read_scale(block, kPanelColumns * f.scales + j, f) * ad,
                      static_cast<float>(code_sum[0] + code_sum[1]), acc);
     }
   }

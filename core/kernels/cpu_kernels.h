@@ -92,6 +92,23 @@ struct KernelTable {
   void (*silu_mul)(const float* gate, const float* up, int64_t n, float* out);
   // Rows [row0, row1) of one request for the query heads that share KV head `kv_head`.
   void (*attention)(const PagedAttentionArgs& args, int64_t kv_head, int64_t row0, int64_t row1);
+
+  // `attention` in three phases, so that one (request, KV head) can spread over threads with the
+  // same bits (the forward uses them when there are fewer (request, KV head) jobs than threads
+  // could share). A tile is rows [row0, row1), at most attention_rows_per_tile of them; its query
+  // vector t is row row0 + t / group, query head kv_head * group + t % group (group = n_heads /
+  // n_kv_heads), and its scores row t is at scores + t * stride.
+  // 1. Scores of the tile's query vectors for slots [slot0, slot1) (multiples of 16, within the
+  //    longest row's slots rounded up to 16).
+  void (*attention_scores)(const PagedAttentionArgs& args, int64_t kv_head, int64_t row0, int64_t row1,
+                           int64_t slot0, int64_t slot1, float* scores, int64_t stride);
+  // 2. One query vector's scores [0, len) in place -> exp(s - max); returns their ordered sum.
+  //    len is its row's own length, cached_len + row + 1.
+  float (*softmax_numerators)(float* scores, int64_t len);
+  // 3. The output channels [c0, c1) (multiples of 16) of the tile's query vectors, from step 2's
+  //    numerators (`e`, the scores rows) and sums (sums[t]).
+  void (*attention_values)(const PagedAttentionArgs& args, int64_t kv_head, int64_t row0, int64_t row1,
+                           const float* e, int64_t stride, const float* sums, int64_t c0, int64_t c1);
 };
 
 // The AVX-512 table when the CPU supports AVX-512F, else the portable one.

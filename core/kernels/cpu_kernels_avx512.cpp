@@ -6,7 +6,9 @@ namespace vericache::cpu {
 
 const KernelTable& avx512_kernel_table() {
   static const KernelTable table{"avx512",         avx512::linear,   avx512::weight_row,
-                                 avx512::rms_norm, avx512::silu_mul, avx512::attention};
+                                 avx512::rms_norm, avx512::silu_mul, avx512::attention,
+                                 avx512::attention_scores_phase, avx512::softmax_numerators,
+                                 avx512::attention_values_phase};
   return table;
 }
 

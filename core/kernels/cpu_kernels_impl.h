@@ -14,6 +14,7 @@
 
 #include "kernels/cpu_kernels.h"
 #include "kernels/simd.h"
+#include "util/check.h"
 
 namespace vericache::cpu::VC_KERNEL_NAMESPACE {
 
@@ -487,33 +488,35 @@ inline void block_scores(const float* keys, int64_t stride, const float* const* 
 }
 
 template <int HD, int T, int B>
-void packed_scores(const PagedAttentionArgs& a, int64_t kv_head, const float* const* q, Vec16 vscale, int64_t n_slots,
-                   float* const* scores) {
+void packed_scores(const PagedAttentionArgs& a, int64_t kv_head, const float* const* q, Vec16 vscale, int64_t slot0,
+                   int64_t slot1, float* const* scores) {
   KeyGroupCache<HD, B> cache;
   alignas(64) float keys[HD * simd::kLanes];
-  for (int64_t s0 = 0; s0 < n_slots; s0 += simd::kLanes) {
+  for (int64_t s0 = slot0; s0 < slot1; s0 += simd::kLanes) {
     decode_keys<HD, B>(a, kv_head, s0, cache, keys);
     block_scores<HD, T>(keys, simd::kLanes, q, vscale, s0, scores);
   }
 }
 
-// Scores for T query vectors (rows x heads of one KV head) over slots [0, n_slots), in blocks of
-// 16 slots; a block never straddles pages because page_size is a multiple of 16.
+// Scores for T query vectors (rows x heads of one KV head) over slots [slot0, slot1) (multiples of
+// 16), in blocks of 16 slots; a block never straddles pages because page_size is a multiple of 16.
+// Each score is its own chain over the channels, so any split of the slots gives the same bits.
 template <int HD, int T>
-void attention_scores(const PagedAttentionArgs& a, int64_t kv_head, const float* const* q, int64_t n_slots,
-                      float* const* scores) {
+void attention_scores(const PagedAttentionArgs& a, int64_t kv_head, const float* const* q, int64_t slot0,
+                      int64_t slot1, float* const* scores) {
   const Vec16 vscale = simd::set1(a.scale);
-  int64_t s0 = 0;
-  if (a.packed_layout != nullptr) {
-    s0 = std::min(n_slots, a.prefix_len);
+  int64_t s0 = slot0;
+  if (a.packed_layout != nullptr && s0 < a.prefix_len) {
+    const int64_t end = std::min(slot1, a.prefix_len);
     switch (a.packed_layout->bits) {
-      case 2: packed_scores<HD, T, 2>(a, kv_head, q, vscale, s0, scores); break;
-      case 3: packed_scores<HD, T, 3>(a, kv_head, q, vscale, s0, scores); break;
-      case 4: packed_scores<HD, T, 4>(a, kv_head, q, vscale, s0, scores); break;
-      default: packed_scores<HD, T, 8>(a, kv_head, q, vscale, s0, scores); break;
+      case 2: packed_scores<HD, T, 2>(a, kv_head, q, vscale, s0, end, scores); break;
+      case 3: packed_scores<HD, T, 3>(a, kv_head, q, vscale, s0, end, scores); break;
+      case 4: packed_scores<HD, T, 4>(a, kv_head, q, vscale, s0, end, scores); break;
+      default: packed_scores<HD, T, 8>(a, kv_head, q, vscale, s0, end, scores); break;
     }
+    s0 = end;
   }
-  for (; s0 < n_slots; s0 += simd::kLanes) {
+  for (; s0 < slot1; s0 += simd::kLanes) {
     const KeyBlock kb = key_block<HD>(a, kv_head, s0);
     block_scores<HD, T>(kb.keys, kb.stride, q, vscale, s0, scores);
   }
@@ -537,11 +540,12 @@ inline float softmax_numerators(float* scores, int64_t len) {
   });
 }
 
-// out_t = (sum_j e_t[j] v_j) / sum_t for NQ query vectors of one row (same length).
-template <int HD, int NQ>
+// out_t = (sum_j e_t[j] v_j) / sum_t for NQ query vectors of one row (same length), channels
+// [c0, c0 + 16 * kVecs): every channel is its own chain over the slots, so any split of the
+// channels gives the same bits.
+template <int HD, int NQ, int kVecs = HD / simd::kLanes>
 void attention_values(const PagedAttentionArgs& a, int64_t kv_head, int64_t len, const float* const* e,
-                      const float* sums, float* const* out) {
-  constexpr int kVecs = HD / simd::kLanes;
+                      const float* sums, float* const* out, int64_t c0 = 0) {
   Vec16 acc[NQ][kVecs];
   for (int t = 0; t < NQ; ++t)
     for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::zero();
@@ -551,7 +555,7 @@ void attention_values(const PagedAttentionArgs& a, int64_t kv_head, int64_t len,
     const int64_t n = std::min<int64_t>(simd::kLanes, len - j0);
     for (int64_t j = 0; j < n; ++j) {
       Vec16 vv[kVecs];
-      for (int v = 0; v < kVecs; ++v) vv[v] = simd::load(rows + j * HD + v * simd::kLanes);
+      for (int v = 0; v < kVecs; ++v) vv[v] = simd::load(rows + j * HD + c0 + v * simd::kLanes);
       for (int t = 0; t < NQ; ++t) {
         const Vec16 w = simd::set1(e[t][j0 + j]);
         for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::fma(w, vv[v], acc[t][v]);
@@ -560,16 +564,16 @@ void attention_values(const PagedAttentionArgs& a, int64_t kv_head, int64_t len,
   }
   for (int t = 0; t < NQ; ++t) {
     const Vec16 s = simd::set1(sums[t]);
-    for (int v = 0; v < kVecs; ++v) simd::store(out[t] + v * simd::kLanes, simd::div(acc[t][v], s));
+    for (int v = 0; v < kVecs; ++v) simd::store(out[t] + c0 + v * simd::kLanes, simd::div(acc[t][v], s));
   }
 }
 
 template <int HD>
 void attention_scores_dispatch(const PagedAttentionArgs& a, int64_t kv_head, const float* const* q, int count,
-                               int64_t n_slots, float* const* scores) {
+                               int64_t slot0, int64_t slot1, float* const* scores) {
   switch (count) {
 #define VC_CASE(T) \
-  case T: attention_scores<HD, T>(a, kv_head, q, n_slots, scores); break;
+  case T: attention_scores<HD, T>(a, kv_head, q, slot0, slot1, scores); break;
     VC_CASE(1) VC_CASE(2) VC_CASE(3) VC_CASE(4) VC_CASE(5) VC_CASE(6) VC_CASE(7) VC_CASE(8)
     VC_CASE(9) VC_CASE(10) VC_CASE(11) VC_CASE(12) VC_CASE(13) VC_CASE(14) VC_CASE(15) VC_CASE(16)
 #undef VC_CASE
@@ -612,7 +616,7 @@ void attention_hd(const PagedAttentionArgs& a, int64_t kv_head, int64_t row0, in
       }
     }
     const int64_t n_slots = a.cached_len + r1;  // the longest row in the tile
-    attention_scores_dispatch<HD>(a, kv_head, q, count, (n_slots + simd::kLanes - 1) / simd::kLanes * simd::kLanes,
+    attention_scores_dispatch<HD>(a, kv_head, q, count, 0, (n_slots + simd::kLanes - 1) / simd::kLanes * simd::kLanes,
                                   scores);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t len = a.cached_len + r + 1;
@@ -636,6 +640,76 @@ inline void attention(const PagedAttentionArgs& a, int64_t kv_head, int64_t row0
     attention_hd<64>(a, kv_head, row0, row1);
   } else {
     attention_hd<128>(a, kv_head, row0, row1);
+  }
+}
+
+// The phases of attention_hd for one tile of rows (KernelTable::attention_scores, ::softmax_numerators,
+// ::attention_values), each over a part of the slots or channels: the same operations per score,
+// per exponential and per channel as attention_hd, so the same bits.
+inline int tile_query_count(const PagedAttentionArgs& a, int64_t row0, int64_t row1) {
+  const int64_t count = (row1 - row0) * (a.n_heads / a.n_kv_heads);
+  VC_CHECK(count <= kMaxQueries, "an attention phase tile of more query vectors than kAttentionQueryTile");
+  return static_cast<int>(count);
+}
+
+template <int HD>
+void attention_scores_phase_hd(const PagedAttentionArgs& a, int64_t kv_head, int64_t row0, int64_t row1,
+                               int64_t slot0, int64_t slot1, float* scores, int64_t stride) {
+  const int64_t group = a.n_heads / a.n_kv_heads;
+  const float* q[kMaxQueries];
+  float* rows[kMaxQueries];
+  const int count = tile_query_count(a, row0, row1);
+  for (int t = 0; t < count; ++t) {
+    q[t] = a.q + (row0 + t / group) * a.q_row_stride + (kv_head * group + t % group) * HD;
+    rows[t] = scores + t * stride;
+  }
+  attention_scores_dispatch<HD>(a, kv_head, q, count, slot0, slot1, rows);
+}
+
+template <int HD>
+void attention_values_phase_hd(const PagedAttentionArgs& a, int64_t kv_head, int64_t row0, int64_t row1,
+                               const float* e, int64_t stride, const float* sums, int64_t c0, int64_t c1) {
+  const int64_t group = a.n_heads / a.n_kv_heads;
+  tile_query_count(a, row0, row1);
+  for (int64_t r = row0; r < row1; ++r) {
+    const int64_t len = a.cached_len + r + 1;
+    for (int64_t g0 = 0; g0 < group; g0 += 4) {
+      const int n = static_cast<int>(std::min<int64_t>(4, group - g0));
+      const float* rows[4];
+      float* out[4];
+      for (int t = 0; t < n; ++t) {
+        const int64_t query = (r - row0) * group + g0 + t;
+        rows[t] = e + query * stride;
+        out[t] = a.out + r * a.out_row_stride + (kv_head * group + g0 + t) * HD;
+      }
+      const float* tile_sums = sums + (r - row0) * group + g0;
+      for (int64_t c = c0; c < c1; c += simd::kLanes) {
+        switch (n) {
+          case 1: attention_values<HD, 1, 1>(a, kv_head, len, rows, tile_sums, out, c); break;
+          case 2: attention_values<HD, 2, 1>(a, kv_head, len, rows, tile_sums, out, c); break;
+          case 3: attention_values<HD, 3, 1>(a, kv_head, len, rows, tile_sums, out, c); break;
+          default: attention_values<HD, 4, 1>(a, kv_head, len, rows, tile_sums, out, c); break;
+        }
+      }
+    }
+  }
+}
+
+inline void attention_scores_phase(const PagedAttentionArgs& a, int64_t kv_head, int64_t row0, int64_t row1,
+                                   int64_t slot0, int64_t slot1, float* scores, int64_t stride) {
+  if (a.head_dim == 64) {
+    attention_scores_phase_hd<64>(a, kv_head, row0, row1, slot0, slot1, scores, stride);
+  } else {
+    attention_scores_phase_hd<128>(a, kv_head, row0, row1, slot0, slot1, scores, stride);
+  }
+}
+
+inline void attention_values_phase(const PagedAttentionArgs& a, int64_t kv_head, int64_t row0, int64_t row1,
+                                   const float* e, int64_t stride, const float* sums, int64_t c0, int64_t c1) {
+  if (a.head_dim == 64) {
+    attention_values_phase_hd<64>(a, kv_head, row0, row1, e, stride, sums, c0, c1);
+  } else {
+    attention_values_phase_hd<128>(a, kv_head, row0, row1, e, stride, sums, c0, c1);
   }
 }
 

@@ -10,7 +10,9 @@ namespace vericache::cpu {
 
 const KernelTable& portable_kernels() {
   static const KernelTable table{"portable", portable::linear, portable::weight_row, portable::rms_norm,
-                                 portable::silu_mul, portable::attention};
+                                 portable::silu_mul, portable::attention,
+                                 portable::attention_scores_phase, portable::softmax_numerators,
+                                 portable::attention_values_phase};
   return table;
 }
 

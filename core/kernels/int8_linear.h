@@ -17,8 +17,8 @@
 // column ranges, and bitwise equal between the AVX-512 VNNI build and the portable build.
 //
 // Weights are repacked once (model/int8_repack.h) into panels of 16 columns (kPanelColumns), block
-// after block; within a block: the scales (16 floats per scale), the minimums (16 floats, if any),
-// then the codes, four bytes of a column side by side for each group of 4 values:
+// after block; within a block: the scales (16 per scale), the minimums (16, if any), as float32 or
+// as the file's own halves (IntWeightFormat::float_bytes), then the codes, four bytes of a column side by side for each group of 4 values:
 //   8-bit codes: 8 groups of 64 bytes; group g holds values 4g..4g+3 of columns 0..15;
 //   4-bit codes: 4 vectors of 64 bytes; the low nibbles of vector v hold group v (values 4v..4v+3),
 //                the high nibbles group v + 4 (values 16 + 4v ..).
@@ -39,11 +39,13 @@ struct IntWeightFormat {
   int scales = 1;         // scales per block: 1, or 2 (one per 16-value half)
   bool has_min = false;   // a float minimum per block
   int32_t zero = 0;       // integer zero point z
+  int float_bytes = 4;    // scales and minimums stored as 2: IEEE half (a file's own f16 values,
+                          // converted exactly), or 4: float32
 };
 
 // Bytes of one block of one panel.
 inline int64_t int_block_bytes(const IntWeightFormat& f) {
-  return 4 * kPanelColumns * (f.scales + (f.has_min ? 1 : 0)) + kPanelColumns * kQuantBlock * f.code_bits / 8;
+  return f.float_bytes * kPanelColumns * (f.scales + (f.has_min ? 1 : 0)) + kPanelColumns * kQuantBlock * f.code_bits / 8;
 }
 
 // A weight matrix [n][k] in panels; panel p at data + p * panel_bytes (k / 32 blocks).

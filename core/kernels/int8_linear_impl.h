@@ -47,7 +47,17 @@ inline void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int
 }
 
 // Rows [r0, r0 + MR) against one panel (up to 16 columns, `columns` of them stored).
-template <int Bits, int Scales, bool HasMin, int MR>
+// The 16 scales (or minimums) of one block at `p`, stored as floats or halves.
+template <int FloatBytes>
+inline Vec16 load_scales(const uint8_t* p) {
+  if constexpr (FloatBytes == 2) {
+    return simd::load_halves(reinterpret_cast<const uint16_t*>(p));
+  } else {
+    return simd::load(reinterpret_cast<const float*>(p));
+  }
+}
+
+template <int Bits, int Scales, bool HasMin, int FloatBytes, int MR>
 void panel_tile(const QuantizedRows& x, int64_t r0, const uint8_t* panel, int64_t block_bytes, int32_t zero,
                 float* y, int64_t ldy, int columns) {
   const int64_t blocks = x.k / kQuantBlock;
@@ -55,12 +65,12 @@ void panel_tile(const QuantizedRows& x, int64_t r0, const uint8_t* panel, int64_
   for (int m = 0; m < MR; ++m) acc[m] = simd::zero();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = panel + b * block_bytes;
-    const auto* floats = reinterpret_cast<const float*>(block);
-    const Vec16 s0 = simd::load(floats);
+    constexpr int64_t kScaleBytes = FloatBytes * kPanelColumns;
+    const Vec16 s0 = load_scales<FloatBytes>(block);
     Vec16 s1 = s0, minimum = s0;
-    if constexpr (Scales == 2) s1 = simd::load(floats + kPanelColumns);
-    if constexpr (HasMin) minimum = simd::load(floats + Scales * kPanelColumns);
-    const uint8_t* codes = block + 4 * kPanelColumns * (Scales + (HasMin ? 1 : 0));
+    if constexpr (Scales == 2) s1 = load_scales<FloatBytes>(block + kScaleBytes);
+    if constexpr (HasMin) minimum = load_scales<FloatBytes>(block + Scales * kScaleBytes);
+    const uint8_t* codes = block + kScaleBytes * (Scales + (HasMin ? 1 : 0));
     Bytes64 w[8];
     if constexpr (Bits == 4) {
       for (int v = 0; v < 4; ++v) {
@@ -103,7 +113,7 @@ void panel_tile(const QuantizedRows& x, int64_t r0, const uint8_t* panel, int64_
   }
 }
 
-template <int Bits, int Scales, bool HasMin>
+template <int Bits, int Scales, bool HasMin, int FloatBytes>
 void linear_format(const QuantizedRows& x, const IntWeightView& w, int64_t panel0, int64_t panel1, float* y,
                    int64_t ldy) {
   constexpr int kRowTile = 8;  // rows sharing one unpacked block of weights
@@ -115,16 +125,16 @@ void linear_format(const QuantizedRows& x, const IntWeightView& w, int64_t panel
     float* yp = y + p * kPanelColumns;
     int64_t r = 0;
     for (; r + kRowTile <= x.m; r += kRowTile) {
-      panel_tile<Bits, Scales, HasMin, kRowTile>(x, r, panel, block_bytes, zero, yp, ldy, columns);
+      panel_tile<Bits, Scales, HasMin, FloatBytes, kRowTile>(x, r, panel, block_bytes, zero, yp, ldy, columns);
     }
     switch (x.m - r) {
-      case 1: panel_tile<Bits, Scales, HasMin, 1>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
-      case 2: panel_tile<Bits, Scales, HasMin, 2>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
-      case 3: panel_tile<Bits, Scales, HasMin, 3>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
-      case 4: panel_tile<Bits, Scales, HasMin, 4>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
-      case 5: panel_tile<Bits, Scales, HasMin, 5>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
-      case 6: panel_tile<Bits, Scales, HasMin, 6>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
-      case 7: panel_tile<Bits, Scales, HasMin, 7>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
+      case 1: panel_tile<Bits, Scales, HasMin, FloatBytes, 1>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
+      case 2: panel_tile<Bits, Scales, HasMin, FloatBytes, 2>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
+      case 3: panel_tile<Bits, Scales, HasMin, FloatBytes, 3>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
+      case 4: panel_tile<Bits, Scales, HasMin, FloatBytes, 4>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
+      case 5: panel_tile<Bits, Scales, HasMin, FloatBytes, 5>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
+      case 6: panel_tile<Bits, Scales, HasMin, FloatBytes, 6>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
+      case 7: panel_tile<Bits, Scales, HasMin, FloatBytes, 7>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
       default: break;
     }
   }
@@ -133,10 +143,15 @@ void linear_format(const QuantizedRows& x, const IntWeightView& w, int64_t panel
 inline void linear(const QuantizedRows& x, const IntWeightView& w, int64_t panel0, int64_t panel1, float* y,
                    int64_t ldy) {
   const IntWeightFormat& f = w.format;
-  if (f.code_bits == 4 && f.scales == 1 && f.has_min) return linear_format<4, 1, true>(x, w, panel0, panel1, y, ldy);
-  if (f.code_bits == 4 && f.scales == 1 && !f.has_min) return linear_format<4, 1, false>(x, w, panel0, panel1, y, ldy);
-  if (f.code_bits == 8 && f.scales == 1 && !f.has_min) return linear_format<8, 1, false>(x, w, panel0, panel1, y, ldy);
-  if (f.code_bits == 8 && f.scales == 2 && !f.has_min) return linear_format<8, 2, false>(x, w, panel0, panel1, y, ldy);
+  // The formats int_weight_format gives: Q4_1, Q4_0, Q8_0 and Q5_0 (halves), Q4_K and Q6_K (floats).
+  if (f.float_bytes == 2) {
+    if (f.code_bits == 4 && f.scales == 1 && f.has_min) return linear_format<4, 1, true, 2>(x, w, panel0, panel1, y, ldy);
+    if (f.code_bits == 4 && f.scales == 1 && !f.has_min) return linear_format<4, 1, false, 2>(x, w, panel0, panel1, y, ldy);
+    if (f.code_bits == 8 && f.scales == 1 && !f.has_min) return linear_format<8, 1, false, 2>(x, w, panel0, panel1, y, ldy);
+  } else {
+    if (f.code_bits == 4 && f.scales == 1 && f.has_min) return linear_format<4, 1, true, 4>(x, w, panel0, panel1, y, ldy);
+    if (f.code_bits == 8 && f.scales == 2 && !f.has_min) return linear_format<8, 2, false, 4>(x, w, panel0, panel1, y, ldy);
+  }
   VC_CHECK(false, "an integer weight format no kernel reads");
 }
 

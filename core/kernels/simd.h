@@ -65,6 +65,10 @@ inline float reduce_max(Vec16 a) { return _mm512_reduce_max_ps(a.v); }
 
 // IEEE binary16 bits -> float, exact (F16C).
 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+// 16 IEEE binary16 values -> floats, exact.
+inline Vec16 load_halves(const uint16_t* p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
 
 // 16 bytes as floats: the low (shift 0) or high (shift 4) nibble of each, or each signed byte.
 inline Vec16 nibbles(const uint8_t* p, int shift) {
@@ -174,6 +178,7 @@ inline float reduce_max(Vec16 a) {
 }
 
 inline float half_to_float(uint16_t h) { return fp16_to_fp32(h); }
+inline Vec16 load_halves(const uint16_t* p) { return map([p](int i) { return fp16_to_fp32(p[i]); }); }
 
 inline Vec16 nibbles(const uint8_t* p, int shift) {
   return map([&](int i) { return static_cast<float>((p[i] >> shift) & 0x0f); });

@@ -28,7 +28,14 @@ struct IntBlock {
   uint8_t codes[kQuantBlock];
   float scales[2] = {0, 0};
   float minimum = 0;
+  uint16_t half_scale = 0, half_minimum = 0;  // the f16 bits, for formats with half scales
 };
+
+uint16_t read_u16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return h;
+}
 
 void unpack_nibbles(const uint8_t* qs, uint8_t* codes) {
   for (int i = 0; i < 16; ++i) {
@@ -41,19 +48,24 @@ IntBlock read_block(cpu::WeightFormat format, const uint8_t* b) {
   IntBlock out;
   switch (format) {
     case cpu::WeightFormat::kQ8_0:
+      out.half_scale = read_u16(b);
       out.scales[0] = read_f16(b);
       for (int i = 0; i < kQuantBlock; ++i) out.codes[i] = static_cast<uint8_t>(static_cast<int8_t>(b[2 + i]) + 128);
       break;
     case cpu::WeightFormat::kQ4_0:
+      out.half_scale = read_u16(b);
       out.scales[0] = read_f16(b);
       unpack_nibbles(b + 2, out.codes);
       break;
     case cpu::WeightFormat::kQ4_1:
+      out.half_scale = read_u16(b);
+      out.half_minimum = read_u16(b + 2);
       out.scales[0] = read_f16(b);
       out.minimum = read_f16(b + 2);
       unpack_nibbles(b + 4, out.codes);
       break;
     case cpu::WeightFormat::kQ5_0: {
+      out.half_scale = read_u16(b);
       out.scales[0] = read_f16(b);
       uint32_t high;
       std::memcpy(&high, b + 2, sizeof high);
@@ -94,12 +106,12 @@ int64_t format_block_bytes(cpu::WeightFormat format) {
 
 std::optional<cpu::IntWeightFormat> int_weight_format(cpu::WeightFormat format) {
   switch (format) {
-    case cpu::WeightFormat::kQ8_0: return cpu::IntWeightFormat{8, 1, false, 128};
-    case cpu::WeightFormat::kQ4_0: return cpu::IntWeightFormat{4, 1, false, 8};
-    case cpu::WeightFormat::kQ4_1: return cpu::IntWeightFormat{4, 1, true, 0};
-    case cpu::WeightFormat::kQ5_0: return cpu::IntWeightFormat{8, 1, false, 16};
-    case cpu::WeightFormat::kNibbleF32: return cpu::IntWeightFormat{4, 1, true, 0};
-    case cpu::WeightFormat::kInt8F32: return cpu::IntWeightFormat{8, 2, false, 32};
+    case cpu::WeightFormat::kQ8_0: return cpu::IntWeightFormat{8, 1, false, 128, 2};
+    case cpu::WeightFormat::kQ4_0: return cpu::IntWeightFormat{4, 1, false, 8, 2};
+    case cpu::WeightFormat::kQ4_1: return cpu::IntWeightFormat{4, 1, true, 0, 2};
+    case cpu::WeightFormat::kQ5_0: return cpu::IntWeightFormat{8, 1, false, 16, 2};
+    case cpu::WeightFormat::kNibbleF32: return cpu::IntWeightFormat{4, 1, true, 0, 4};
+    case cpu::WeightFormat::kInt8F32: return cpu::IntWeightFormat{8, 2, false, 32, 4};
     case cpu::WeightFormat::kF32: break;
   }
   return std::nullopt;
@@ -115,18 +127,24 @@ cpu::IntWeightView repack_int_panels(const cpu::WeightView& w, uint8_t* dst) {
   VC_CHECK(format.has_value() && w.k % kQuantBlock == 0, "repack_int_panels: a matrix with no integer form");
   const int64_t blocks = w.k / kQuantBlock, block_bytes = cpu::int_block_bytes(*format);
   const int64_t source_block = format_block_bytes(w.format);
-  const int64_t scale_floats = kPanelColumns * (format->scales + (format->has_min ? 1 : 0));
+  const int64_t fb = format->float_bytes;
+  const int64_t scale_bytes = fb * kPanelColumns * (format->scales + (format->has_min ? 1 : 0));
   cpu::IntWeightView view{*format, dst, w.n, w.k, blocks * block_bytes};
   std::memset(dst, 0, int_panels_bytes(*format, w.n, w.k));
   const auto* src = static_cast<const uint8_t*>(w.data);
   for (int64_t p = 0; p < view.panels(); ++p) {
     for (int64_t b = 0; b < blocks; ++b) {
       uint8_t* out = dst + p * view.panel_bytes + b * block_bytes;
-      uint8_t* codes = out + 4 * scale_floats;
+      uint8_t* codes = out + scale_bytes;
       for (int64_t j = 0; j < kPanelColumns && p * kPanelColumns + j < w.n; ++j) {
         const IntBlock block = read_block(w.format, src + (p * kPanelColumns + j) * w.row_bytes + b * source_block);
-        for (int s = 0; s < format->scales; ++s) std::memcpy(out + 4 * (kPanelColumns * s + j), &block.scales[s], 4);
-        if (format->has_min) std::memcpy(out + 4 * (kPanelColumns * format->scales + j), &block.minimum, 4);
+        if (fb == 2) {  // formats with one f16 scale: the file's own bits
+          std::memcpy(out + 2 * j, &block.half_scale, 2);
+          if (format->has_min) std::memcpy(out + 2 * (kPanelColumns + j), &block.half_minimum, 2);
+        } else {
+          for (int s = 0; s < format->scales; ++s) std::memcpy(out + 4 * (kPanelColumns * s + j), &block.scales[s], 4);
+          if (format->has_min) std::memcpy(out + 4 * (kPanelColumns * format->scales + j), &block.minimum, 4);
+        }
         for (int i = 0; i < kQuantBlock; ++i) {
           const int group = i / 4, t = i % 4;
           if (format->code_bits == 8) {

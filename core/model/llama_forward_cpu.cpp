@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "kv/packed_page_pool.h"
+#include "model/cpu_attention.h"
 #include "model/llama_model.h"
 #include "util/check.h"
 #include "util/thread_pool.h"
@@ -99,6 +100,7 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     for (int64_t g = 0; g < nkv; ++g)
       for (int64_t r = 0; r < n; r += row_tile) work.push_back({static_cast<int64_t>(i), g, r, std::min(n, r + row_tile)});
   }
+  std::vector<AttentionJob> jobs(work.size());  // refilled per layer
 
   // What a layer observer sees: views of this forward's buffers, valid during the call.
   std::vector<int64_t> request_ids(batch.size());
@@ -220,36 +222,39 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
     }
 
     attention_start = std::chrono::steady_clock::now();
-    ThreadPool::global().parallel_for(static_cast<int64_t>(work.size()), 1, [&](int64_t w0, int64_t w1) {
-      for (int64_t w = w0; w < w1; ++w) {
-        const AttentionWork& job = work[w];
-        const SequenceKv& kv = *batch[job.item].kv;
-        cpu::PagedAttentionArgs a;
-        a.q = qkv.data() + begin[job.item] * qkv_width;
-        a.q_row_stride = qkv_width;
-        a.out = attn.data() + begin[job.item] * q_width;
-        a.out_row_stride = q_width;
-        a.k_pages = k_pages[job.item];
-        a.v_pages = v_pages[job.item];
-        a.block_table = kv.block_table(l).data();
-        a.page_size = page_size[job.item];
-        a.n_heads = nh;
-        a.n_kv_heads = nkv;
-        a.head_dim = hd;
-        a.cached_len = kv.total_length(l);
-        a.prefix_len = kv.packed_length(l);
-        if (a.prefix_len > 0 && in_place[job.item]) {
-          a.packed_layout = &*in_place[job.item];
-          a.packed_storage = batch[job.item].packed_pool->storage().data_ptr<uint8_t>();
-          a.packed_pages = kv.packed_table(l).data();
-        } else if (a.prefix_len > 0) {
-          a.prefix_k_pages = prefix_k[job.item].data_ptr<float>();
-          a.prefix_v_pages = prefix_v[job.item].data_ptr<float>();
-        }
-        a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-        k.attention(a, job.kv_head, job.row0, job.row1);
+    for (size_t w = 0; w < work.size(); ++w) {
+      const AttentionWork& job = work[w];
+      const SequenceKv& kv = *batch[job.item].kv;
+      cpu::PagedAttentionArgs& a = jobs[w].args;
+      a.q = qkv.data() + begin[job.item] * qkv_width;
+      a.q_row_stride = qkv_width;
+      a.out = attn.data() + begin[job.item] * q_width;
+      a.out_row_stride = q_width;
+      a.k_pages = k_pages[job.item];
+      a.v_pages = v_pages[job.item];
+      a.block_table = kv.block_table(l).data();
+      a.page_size = page_size[job.item];
+      a.n_heads = nh;
+      a.n_kv_heads = nkv;
+      a.head_dim = hd;
+      a.cached_len = kv.total_length(l);
+      a.prefix_len = kv.packed_length(l);
+      a.packed_layout = nullptr;
+      a.prefix_k_pages = a.prefix_v_pages = nullptr;
+      if (a.prefix_len > 0 && in_place[job.item]) {
+        a.packed_layout = &*in_place[job.item];
+        a.packed_storage = batch[job.item].packed_pool->storage().data_ptr<uint8_t>();
+        a.packed_pages = kv.packed_table(l).data();
+      } else if (a.prefix_len > 0) {
+        a.prefix_k_pages = prefix_k[job.item].data_ptr<float>();
+        a.prefix_v_pages = prefix_v[job.item].data_ptr<float>();
       }
-    });
+      a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      jobs[w].kv_head = job.kv_head;
+      jobs[w].row0 = job.row0;
+      jobs[w].row1 = job.row1;
+    }
+    run_attention_jobs(k, jobs);
     attention_seconds += seconds_since(attention_start);
 
     if (observer) {
