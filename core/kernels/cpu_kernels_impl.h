@@ -517,6 +517,12 @@ void attention_scores(const PagedAttentionArgs& a, int64_t kv_head, const float*
     s0 = end;
   }
   for (; s0 < slot1; s0 += simd::kLanes) {
+    if (const int64_t ahead = s0 + kPrefetchSlots; ahead < slot1) {
+      // Each block of 16 slots starts a page of its own (page_size 16): too short a run for the
+      // hardware prefetcher, so ask for the block this far ahead (no effect on any result).
+      const KeyBlock next = key_block<HD>(a, kv_head, ahead);
+      for (int c = 0; c < HD; ++c) __builtin_prefetch(next.keys + c * next.stride);
+    }
     const KeyBlock kb = key_block<HD>(a, kv_head, s0);
     block_scores<HD, T>(kb.keys, kb.stride, q, vscale, s0, scores);
   }
@@ -551,6 +557,14 @@ void attention_values(const PagedAttentionArgs& a, int64_t kv_head, int64_t len,
     for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::zero();
   alignas(64) float scratch[simd::kLanes * HD];
   for (int64_t j0 = 0; j0 < len; j0 += simd::kLanes) {
+    if (const int64_t ahead = j0 + kPrefetchSlots; ahead < len && (ahead >= a.prefix_len || a.packed_layout == nullptr)) {
+      const SlotPlace p = place_of(a, ahead);  // float pages: the block this far ahead, as for keys
+      const float* next = (p.prefix ? a.prefix_v_pages : a.v_pages) +
+                          ((p.page * a.n_kv_heads + kv_head) * a.page_size + p.offset) * HD;
+      for (int t = 0; t < simd::kLanes; ++t) {  // the lines of this call's channels
+        prefetch(reinterpret_cast<const uint8_t*>(next + t * HD + c0), kVecs * simd::kLanes * 4);
+      }
+    }
     const float* rows = value_block<HD>(a, kv_head, j0, scratch);
     const int64_t n = std::min<int64_t>(simd::kLanes, len - j0);
     for (int64_t j = 0; j < n; ++j) {
