@@ -41,9 +41,21 @@ void parallel_rms_norm(const cpu::KernelTable& k, const float* x, int64_t rows, 
 
 void LlamaModel::parallel_linear(const float* x, int64_t ldx, int64_t rows, const Weight& w, float* y,
                                  int64_t ldy) const {
-  if (compute_ == Compute::kInteger && w.int_view) {
+  if (compute_ == Compute::kInteger && w.integer_ready()) {
     const cpu::IntKernelTable& ik = *int_kernels_;
-    const int64_t k = w.int_view->k;
+    // One panel list over the parts (or the whole matrix): part i's columns start at column0[i].
+    std::vector<const cpu::IntWeightView*> views;
+    std::vector<int64_t> first_panel{0}, column0{0};
+    if (w.int_view) {
+      views.push_back(&*w.int_view);
+    } else {
+      for (const Weight& part : w.parts) views.push_back(&*part.int_view);
+    }
+    for (const cpu::IntWeightView* v : views) {
+      first_panel.push_back(first_panel.back() + v->panels());
+      column0.push_back(column0.back() + v->n);
+    }
+    const int64_t k = views[0]->k;
     thread_local QuantizedBuffers buffers;
     QuantizedBuffers& q = buffers;  // the calling thread's: workers must not name the thread_local
     q.codes.resize(rows * k);
@@ -54,8 +66,11 @@ void LlamaModel::parallel_linear(const float* x, int64_t ldx, int64_t rows, cons
                        q.half_sums.data() + r0 * (k / 16));
     });
     const cpu::QuantizedRows xq{q.codes.data(), q.scales.data(), q.half_sums.data(), rows, k};
-    ThreadPool::global().parallel_for(w.int_view->panels(), 1, [&](int64_t p0, int64_t p1) {
-      ik.linear(xq, *w.int_view, p0, p1, y, ldy);
+    ThreadPool::global().parallel_for(first_panel.back(), 1, [&](int64_t p0, int64_t p1) {
+      for (size_t i = 0; i < views.size(); ++i) {
+        const int64_t a = std::max(p0, first_panel[i]), b = std::min(p1, first_panel[i + 1]);
+        if (a < b) ik.linear(xq, *views[i], a - first_panel[i], b - first_panel[i], y + column0[i], ldy);
+      }
     });
     return;
   }

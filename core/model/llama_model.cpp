@@ -155,8 +155,22 @@ Status LlamaModel::finish_loading() {
 
 const char* compute_name(Compute compute) { return compute == Compute::kInteger ? "integer" : "float32"; }
 
+bool LlamaModel::Weight::integer_ready() const {
+  if (int_view) return true;
+  if (parts.empty()) return false;
+  for (const Weight& part : parts) {
+    if (!part.int_view) return false;
+  }
+  return true;
+}
+
 int64_t LlamaModel::matrix_bytes(const Weight& w) const {
   if (compute_ == Compute::kInteger && w.int_view) return static_cast<int64_t>(w.int_tensor.nbytes());
+  if (compute_ == Compute::kInteger && w.integer_ready()) {
+    int64_t bytes = 0;
+    for (const Weight& part : w.parts) bytes += static_cast<int64_t>(part.int_tensor.nbytes());
+    return bytes;
+  }
   return static_cast<int64_t>(w.tensor.nbytes());
 }
 
@@ -164,16 +178,17 @@ Status LlamaModel::set_compute(Compute compute) {
   if (compute == Compute::kInteger) {
     if (path_ != ForwardPath::kCpuKernels) return Status::invalid_argument("integer compute needs the CPU kernels");
     bool any = false;
-    auto build = [&](Weight& w) {
-      if (w.int_view || w.view.data == nullptr) {
-        any = any || w.int_view.has_value();
-        return;
-      }
+    auto build_one = [&](Weight& w) {
+      if (w.int_view || w.view.data == nullptr) return;
       const auto format = int_weight_format(w.view.format);
       if (!format || w.view.k % cpu::kQuantBlock != 0) return;
       w.int_tensor = at::empty({int_panels_bytes(*format, w.view.n, w.view.k)}, at::kByte);
       w.int_view = repack_int_panels(w.view, w.int_tensor.data_ptr<uint8_t>());
-      any = true;
+    };
+    auto build = [&](Weight& w) {
+      build_one(w);
+      for (Weight& part : w.parts) build_one(part);
+      any = any || w.integer_ready();
     };
     for (Layer& L : layers_) {
       build(L.wqkv);
@@ -252,6 +267,18 @@ Result<LlamaModel::Weight> LlamaModel::load_matrix(const GgufFile& file, const s
   for (const GgufTensorInfo* p : parts) in_place = in_place && p->type == parts[0]->type;
 
   Weight w;
+  if (!in_place && parts.size() > 1 && options_.device.is_cpu() && options_.quantized_weights) {
+    // Parts of different types: float32 below for the float path, and each part in its own blocks
+    // for integer mode (Weight::parts).
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (!kernel_format(parts[i]->type).has_value()) {
+        w.parts.clear();
+        break;
+      }
+      VC_ASSIGN_OR_RETURN(Weight part, load_matrix(file, {names[i]}, {rows[i]}, k));
+      w.parts.push_back(std::move(part));
+    }
+  }
   if (in_place) {
     const bool repack = repacked_format(parts[0]->type).has_value();
     const auto row_bytes = repack ? repacked_row_bytes(*format, k)

@@ -197,12 +197,17 @@ class LlamaModel {
   // A weight matrix [n, k]: `tensor` is float [n, k] in the model dtype, or (CPU kernels with
   // quantized weights) uint8 [n, row_bytes] ggml blocks; `view` is what the CPU kernels read.
   // `int_tensor` / `int_view`: the integer kernels' panels of a quantized matrix, once
-  // set_compute(kInteger) has built them.
+  // set_compute(kInteger) has built them. `parts`: a stack whose parts differ in type (Q4_K Q and
+  // K rows with Q6_K V rows, as Q4_K_M files have) is held in float32 for the float path, and each
+  // part also in its own blocks, so that integer mode reads every part in its own panels.
   struct Weight {
     at::Tensor tensor;
     cpu::WeightView view;
     at::Tensor int_tensor;
     std::optional<cpu::IntWeightView> int_view;
+    std::vector<Weight> parts;
+    // Integer panels for every row: one view, or one per part.
+    bool integer_ready() const;
   };
   struct Layer {
     at::Tensor attn_norm;  // [d_model] float32
