@@ -9,10 +9,14 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 
 #include "model/cpu_attention.h"
+#include "model/gguf_file.h"
+#include "model/weight_repack.h"
+#include "model/int8_repack.h"
 #include "test_support.h"
 
 namespace vericache {
@@ -290,6 +294,40 @@ TEST(ForwardInvariance, QuantizedWeightsEqualDequantizedWeights) {
 // Qwen2.5-Coder 0.5B (Q4_K_M): Q5_0, Q8_0, Q4_K and Q6_K blocks.
 TEST(ForwardInvariance, Qwen2QuantizedWeightsEqualDequantizedWeights) {
   expect_quantized_equals_dequantized(testing::qwen_model(), testing::qwen_model_path(), 0.3);
+}
+
+// Integer mode reads every matrix of a decode step in integer panels of its own type on
+// Qwen2.5-Coder 0.5B (Q4_K_M: Q5_0, Q8_0, Q4_K, Q6_K): the step's bytes are exactly the sum of
+// int_panels_bytes over the file's matrices, K-quants with int8-coded scales. This fails if a
+// QKV stack of mixed types (Q5_0 Q and K rows with Q8_0 V rows) is read as the float path's
+// float32 stack, or if the K-quants keep float32 scales.
+TEST(ForwardInvariance, Qwen2IntegerPanelsCoverEveryMatrixInItsOwnType) {
+  const LlamaModel* m = testing::qwen_integer_model();
+  ASSERT_NE(m, nullptr);
+  auto file = GgufFile::open(testing::qwen_model_path());
+  ASSERT_TRUE(file.ok());
+  int64_t expected = 0, file_bytes = 0;
+  auto add = [&](const std::string& name) {
+    const GgufTensorInfo* t = file->find_tensor(name);
+    ASSERT_NE(t, nullptr) << name;
+    const auto format = t->type == GgmlType::kQ5_0   ? std::optional(cpu::WeightFormat::kQ5_0)
+                        : t->type == GgmlType::kQ8_0 ? std::optional(cpu::WeightFormat::kQ8_0)
+                                                     : repacked_format(t->type);
+    ASSERT_TRUE(format.has_value()) << name;
+    const auto int_format = int_weight_format(*format);
+    EXPECT_NE(int_format->float_bytes, 4) << name << ": no float32 scales in this file's panels";
+    expected += int_panels_bytes(*int_format, t->dims[1], t->dims[0]);
+    file_bytes += static_cast<int64_t>(t->n_bytes);
+  };
+  add(file->find_tensor("output.weight") ? "output.weight" : "token_embd.weight");
+  for (int64_t l = 0; l < m->config().n_layers; ++l) {
+    for (const char* name : {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
+      add("blk." + std::to_string(l) + "." + name + ".weight");
+    }
+  }
+  std::printf("[ info ] integer panels %.1f MB, the file's matrices %.1f MB (Q5_0 panels hold 8-bit codes)\n",
+              m->decode_weight_bytes() / 1e6, file_bytes / 1e6);
+  EXPECT_EQ(m->decode_weight_bytes(), expected);
 }
 
 // The libtorch path (the GPU path, run here in float32 on the CPU) computes the same function as

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu_kernels.h"
@@ -97,15 +99,37 @@ struct Panels {
   IntWeightView view;
 };
 
-Panels panels_of(const WeightView& w) {
+// w's panels in `format` (by default its own: int8-coded scales for the K-quants).
+Panels panels_of(const WeightView& w, std::optional<IntWeightFormat> format = std::nullopt) {
+  if (!format) format = int_weight_format(w.format);
   Panels p;
-  p.bytes.resize(int_panels_bytes(*int_weight_format(w.format), w.n, w.k));
-  p.view = repack_int_panels(w, p.bytes.data());
+  p.bytes.resize(int_panels_bytes(*format, w.n, w.k));
+  const auto view = repack_int_panels(w, *format, p.bytes.data());
+  EXPECT_TRUE(view.has_value());
+  if (view) p.view = *view;
   return p;
 }
 
-// Entry `index` of a block's scales and minimums, stored as floats or halves.
-float read_scale(const uint8_t* block, int64_t index, const IntWeightFormat& f) {
+// The formats a weight of `type` can be repacked into: its own, and float32 scales if different.
+std::vector<IntWeightFormat> formats_of(const WeightView& w) {
+  std::vector<IntWeightFormat> formats{*int_weight_format(w.format)};
+  if (formats[0].float_bytes == 1) formats.push_back(with_float_scales(formats[0]));
+  return formats;
+}
+
+// Entry `index` of the scales and minimums of block b of panel p, read as int8_linear.h documents:
+// floats or halves in the block, or an int8 code in the block times its group header's factor.
+float read_scale(const IntWeightView& w, int64_t p, int64_t b, const uint8_t* block, int64_t index) {
+  const IntWeightFormat& f = w.format;
+  if (f.float_bytes == 1) {
+    const int64_t header_bytes = 4 * kPanelColumns * (f.has_min ? 2 : 1);
+    const int64_t group_bytes = header_bytes + 8 * int_block_bytes(f);
+    const uint8_t* header = w.data + p * w.panel_bytes + (b / 8) * group_bytes;
+    const bool minimum = index >= kPanelColumns * f.scales;
+    float factor;
+    std::memcpy(&factor, header + 4 * ((minimum ? kPanelColumns : 0) + index % kPanelColumns), 4);
+    return factor * static_cast<float>(static_cast<int8_t>(block[index]));
+  }
   if (f.float_bytes == 2) {
     uint16_t h;
     std::memcpy(&h, block + 2 * index, 2);
@@ -123,7 +147,10 @@ float scalar_reference(const IntWeightView& w, const QuantizedRows& x, int64_t r
   const int64_t blocks = w.k / 32, p = col / kPanelColumns, j = col % kPanelColumns;
   float acc = 0.0f;
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = w.data + p * w.panel_bytes + b * int_block_bytes(f);
+    const int64_t group_bytes = 4 * kPanelColumns * (f.has_min ? 2 : 1) + 8 * int_block_bytes(f);
+    const uint8_t* block = w.data + p * w.panel_bytes +
+                           (f.float_bytes == 1 ? (b / 8) * group_bytes + group_bytes - (8 - b % 8) * int_block_bytes(f)
+                                               : b * int_block_bytes(f));
     const uint8_t* codes = block + f.float_bytes * kPanelColumns * (f.scales + (f.has_min ? 1 : 0));
     int32_t half[2] = {0, 0}, code_sum[2] = {0, 0};
     for (int i = 0; i < 32; ++i) {
@@ -142,13 +169,13 @@ float scalar_reference(const IntWeightView& w, const QuantizedRows& x, int64_t r
     const float ad = x.scales[r * blocks + b];
     const int32_t i0 = half[0] - f.zero * code_sum[0], i1 = half[1] - f.zero * code_sum[1];
     if (f.scales == 1) {
-      acc = std::fma(read_scale(block, j, f) * ad, static_cast<float>(i0 + i1), acc);
+      acc = std::fma(read_scale(w, p, b, block, j) * ad, static_cast<float>(i0 + i1), acc);
     } else {
-      acc = std::fma(read_scale(block, j, f) * ad, static_cast<float>(i0), acc);
-      acc = std::fma(read_scale(block, kPanelColumns + j, f) * ad, static_cast<float>(i1), acc);
+      acc = std::fma(read_scale(w, p, b, block, j) * ad, static_cast<float>(i0), acc);
+      acc = std::fma(read_scale(w, p, b, block, kPanelColumns + j) * ad, static_cast<float>(i1), acc);
     }
     if (f.has_min) {
-      acc = std::fma(read_scale(block, kPanelColumns * f.scales + j, f) * ad,
+      acc = std::fma(read_scale(w, p, b, block, kPanelColumns * f.scales + j) * ad,
                      static_cast<float>(code_sum[0] + code_sum[1]), acc);
     }
   }
@@ -189,31 +216,34 @@ TEST(IntLinear, EveryTypeEqualsTheScalarReferenceAndIsRowCountInvariant) {
   const auto x = random_vector(m * k, 21);
   for (const GgmlType type : kTypes) {
     const RandomWeights w = random_weights(type, n, k, 22);
-    const Panels p = panels_of(w.view);
-    for (const IntKernelTable* t : int_tables()) {
-      const Activations a = quantize(*t, x, m, k);
-      std::vector<float> all(m * n);
-      t->linear(a.rows(0, m, k), p.view, 0, p.view.panels(), all.data(), n);
-      for (int64_t r = 0; r < m; ++r) {
-        for (int64_t c = 0; c < n; ++c) {
-          ASSERT_EQ(all[r * n + c], scalar_reference(p.view, a.rows(0, m, k), r, c))
-              << w.name << " " << t->isa << " row " << r << " column " << c;
-          double ref = 0, magnitude = 0;
-          for (int64_t i = 0; i < k; ++i) {
-            const double xi = static_cast<double>(a.scales[r * 16 + i / 32]) * a.codes[r * k + i];
-            ref += xi * w.dense[c * k + i];
-            magnitude += std::fabs(xi * w.dense[c * k + i]);
+    for (const IntWeightFormat& format : formats_of(w.view)) {
+      const std::string label = w.name + " (scale bytes " + std::to_string(format.float_bytes) + ")";
+      for (const IntKernelTable* t : int_tables()) {
+        const Panels p = panels_of(w.view, format);
+        const Activations a = quantize(*t, x, m, k);
+        std::vector<float> all(m * n);
+        t->linear(a.rows(0, m, k), p.view, 0, p.view.panels(), all.data(), n);
+        for (int64_t r = 0; r < m; ++r) {
+          for (int64_t c = 0; c < n; ++c) {
+            ASSERT_EQ(all[r * n + c], scalar_reference(p.view, a.rows(0, m, k), r, c))
+                << label << " " << t->isa << " row " << r << " column " << c;
+            double ref = 0, magnitude = 0;
+            for (int64_t i = 0; i < k; ++i) {
+              const double xi = static_cast<double>(a.scales[r * 16 + i / 32]) * a.codes[r * k + i];
+              ref += xi * w.dense[c * k + i];
+              magnitude += std::fabs(xi * w.dense[c * k + i]);
+            }
+            ASSERT_NEAR(all[r * n + c], ref, 1e-5 * magnitude + 1e-6) << label << " " << t->isa;
           }
-          ASSERT_NEAR(all[r * n + c], ref, 1e-5 * magnitude + 1e-6) << w.name << " " << t->isa;
         }
-      }
-      for (const int64_t rows : {1, 2, 3, 5, 7, 8, 9, 17, 33}) {
-        for (int64_t first = 0; first + rows <= m; first += 29) {
-          std::vector<float> part(rows * n);
-          t->linear(a.rows(first, rows, k), p.view, 0, 1, part.data(), n);
-          t->linear(a.rows(first, rows, k), p.view, 1, p.view.panels(), part.data(), n);
-          ASSERT_EQ(std::memcmp(part.data(), all.data() + first * n, part.size() * sizeof(float)), 0)
-              << w.name << " " << t->isa << ": rows " << first << ".." << first + rows;
+        for (const int64_t rows : {1, 2, 3, 5, 7, 8, 9, 17, 33}) {
+          for (int64_t first = 0; first + rows <= m; first += 29) {
+            std::vector<float> part(rows * n);
+            t->linear(a.rows(first, rows, k), p.view, 0, 1, part.data(), n);
+            t->linear(a.rows(first, rows, k), p.view, 1, p.view.panels(), part.data(), n);
+            ASSERT_EQ(std::memcmp(part.data(), all.data() + first * n, part.size() * sizeof(float)), 0)
+                << label << " " << t->isa << ": rows " << first << ".." << first + rows;
+          }
         }
       }
     }
@@ -240,6 +270,53 @@ TEST(IntLinear, VnniAndPortableBuildsAgreeBitwise) {
     slow.linear(sa.rows(0, m, k), p.view, 0, p.view.panels(), b.data(), n);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << w.name;
   }
+}
+
+// The K-quants' scales and minimums coded as int8 times a factor per 256 values give the bits of
+// the float32-scale panels (every product is exact) in fewer bytes: per column and 256 values 152
+// against 192 bytes (Q4_K), 276 against 320 (Q6_K).
+TEST(IntLinear, KQuantScalesCodedAsInt8GiveTheBitsOfFloatScales) {
+  const int64_t k = 768, n = 40, m = 9;
+  const auto x = random_vector(m * k, 51, 2.0f);
+  for (const auto& [type, coded_bytes, float_bytes] : {std::tuple{GgmlType::kQ4_K, 152, 192}, std::tuple{GgmlType::kQ6_K, 276, 320}}) {
+    const RandomWeights w = random_weights(type, n, k, 52);
+    const IntWeightFormat coded = *int_weight_format(w.view.format);
+    ASSERT_EQ(coded.float_bytes, 1) << w.name;
+    const Panels a = panels_of(w.view, coded), b = panels_of(w.view, with_float_scales(coded));
+    EXPECT_EQ(a.bytes.size() * float_bytes, b.bytes.size() * coded_bytes) << w.name;
+    for (const IntKernelTable* t : int_tables()) {
+      const Activations q = quantize(*t, x, m, k);
+      std::vector<float> ya(m * n), yb(m * n);
+      t->linear(q.rows(0, m, k), a.view, 0, a.view.panels(), ya.data(), n);
+      t->linear(q.rows(0, m, k), b.view, 0, b.view.panels(), yb.data(), n);
+      EXPECT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)), 0) << w.name << " " << t->isa;
+    }
+  }
+}
+
+// A super-block whose scales no int8 codes times one factor give exactly (1 and the next float
+// above it) keeps float32 scales for the whole matrix, with the same results.
+TEST(IntLinear, ScalesWithNoExactInt8CodingKeepFloat32) {
+  const int64_t k = 256, n = 16, m = 3;
+  RandomWeights w = random_weights(GgmlType::kQ4_K, n, k, 61);
+  const float one = 1.0f, above = std::nextafter(1.0f, 2.0f);
+  std::memcpy(w.stored.data(), &one, 4);  // kNibbleF32 blocks 0 and 1 of row 0: f32 d | f32 m | nibbles
+  std::memcpy(w.stored.data() + 24, &above, 4);
+  std::vector<uint8_t> dst(int_panels_bytes(*int_weight_format(w.view.format), n, k));
+  EXPECT_FALSE(repack_int_panels(w.view, *int_weight_format(w.view.format), dst.data()).has_value());
+  std::vector<uint8_t> chosen;
+  const IntWeightView view = repack_int_panels(w.view, [&](int64_t bytes) {
+    chosen.assign(bytes, 0);
+    return chosen.data();
+  });
+  EXPECT_EQ(view.format.float_bytes, 4);
+  const Panels reference = panels_of(w.view, with_float_scales(view.format));
+  ASSERT_EQ(chosen, reference.bytes);
+  const IntKernelTable& t = best_int_kernels();
+  const Activations a = quantize(t, random_vector(m * k, 62), m, k);
+  std::vector<float> y(m * n);
+  t.linear(a.rows(0, m, k), view, 0, 1, y.data(), n);
+  for (int64_t c = 0; c < n; ++c) EXPECT_EQ(y[c], scalar_reference(view, a.rows(0, m, k), 0, c)) << c;
 }
 
 // The checks above can fail: one weight code changed in the panels moves that column's outputs

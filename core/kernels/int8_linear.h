@@ -17,11 +17,16 @@
 // column ranges, and bitwise equal between the AVX-512 VNNI build and the portable build.
 //
 // Weights are repacked once (model/int8_repack.h) into panels of 16 columns (kPanelColumns), block
-// after block; within a block: the scales (16 per scale), the minimums (16, if any), as float32 or
-// as the file's own halves (IntWeightFormat::float_bytes), then the codes, four bytes of a column side by side for each group of 4 values:
+// after block; within a block: the scales (16 per scale), the minimums (16, if any), as float32, as
+// the file's own halves, or as int8 codes (IntWeightFormat::float_bytes), then the codes, four bytes
+// of a column side by side for each group of 4 values:
 //   8-bit codes: 8 groups of 64 bytes; group g holds values 4g..4g+3 of columns 0..15;
 //   4-bit codes: 4 vectors of 64 bytes; the low nibbles of vector v hold group v (values 4v..4v+3),
 //                the high nibbles group v + 4 (values 16 + 4v ..).
+// With int8-coded scales (K-quants: a 256-value super-block's scales are one float times small
+// integers), each run of kScaleGroupBlocks blocks starts with a header of 16 float32 scale factors
+// F (and 16 minimum factors G, if any), and a block's scale is F * code, its minimum G * code; both
+// products are exact in float32 (the repack checks it), so the arithmetic below is unchanged.
 // Columns past n in the last panel are zero (scale 0) and never stored.
 // Thread-safety: every function may be called concurrently on disjoint outputs.
 #pragma once
@@ -32,6 +37,7 @@ namespace vericache::cpu {
 
 constexpr int64_t kPanelColumns = 16;
 constexpr int64_t kQuantBlock = 32;
+constexpr int64_t kScaleGroupBlocks = 8;  // blocks sharing one header of factors (int8-coded scales)
 
 // How a panel's blocks are coded (see the layout above).
 struct IntWeightFormat {
@@ -39,13 +45,33 @@ struct IntWeightFormat {
   int scales = 1;         // scales per block: 1, or 2 (one per 16-value half)
   bool has_min = false;   // a float minimum per block
   int32_t zero = 0;       // integer zero point z
-  int float_bytes = 4;    // scales and minimums stored as 2: IEEE half (a file's own f16 values,
-                          // converted exactly), or 4: float32
+  int float_bytes = 4;    // scales and minimums stored as 4: float32, 2: IEEE half (a file's own
+                          // f16 values, converted exactly), or 1: int8 codes times the group
+                          // header's float32 factors (k a multiple of 256)
 };
 
-// Bytes of one block of one panel.
+// Bytes of one block of one panel (without the group header of int8-coded scales).
 inline int64_t int_block_bytes(const IntWeightFormat& f) {
   return f.float_bytes * kPanelColumns * (f.scales + (f.has_min ? 1 : 0)) + kPanelColumns * kQuantBlock * f.code_bits / 8;
+}
+
+// Bytes of a group header: 16 float32 factors for the scales and 16 for the minimums; 0 unless
+// the scales are int8-coded.
+inline int64_t int_group_header_bytes(const IntWeightFormat& f) {
+  return f.float_bytes == 1 ? 4 * kPanelColumns * (1 + (f.has_min ? 1 : 0)) : 0;
+}
+
+// Offset of block b within its panel.
+inline int64_t int_block_offset(const IntWeightFormat& f, int64_t b) {
+  if (f.float_bytes != 1) return b * int_block_bytes(f);
+  const int64_t group_bytes = int_group_header_bytes(f) + kScaleGroupBlocks * int_block_bytes(f);
+  return (b / kScaleGroupBlocks) * group_bytes + int_group_header_bytes(f) + (b % kScaleGroupBlocks) * int_block_bytes(f);
+}
+
+// Bytes of one panel of k values per column.
+inline int64_t int_panel_bytes(const IntWeightFormat& f, int64_t k) {
+  const int64_t blocks = k / kQuantBlock;
+  return blocks * int_block_bytes(f) + blocks / kScaleGroupBlocks * int_group_header_bytes(f);
 }
 
 // A weight matrix [n][k] in panels; panel p at data + p * panel_bytes (k / 32 blocks).
@@ -53,8 +79,8 @@ struct IntWeightView {
   IntWeightFormat format;
   const uint8_t* data = nullptr;
   int64_t n = 0;
-  int64_t k = 0;  // a multiple of 32
-  int64_t panel_bytes = 0;
+  int64_t k = 0;  // a multiple of 32 (of 256 with int8-coded scales)
+  int64_t panel_bytes = 0;  // int_panel_bytes(format, k)
   int64_t panels() const { return (n + kPanelColumns - 1) / kPanelColumns; }
 };
 

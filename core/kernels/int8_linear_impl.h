@@ -46,30 +46,48 @@ inline void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int
   }
 }
 
-// Rows [r0, r0 + MR) against one panel (up to 16 columns, `columns` of them stored).
-// The 16 scales (or minimums) of one block at `p`, stored as floats or halves.
+// The 16 scales (or minimums) of one block at `p`, stored as floats, halves, or int8 codes times
+// `factor` (exact: the repack checked every product).
 template <int FloatBytes>
-inline Vec16 load_scales(const uint8_t* p) {
-  if constexpr (FloatBytes == 2) {
+inline Vec16 load_scales(const uint8_t* p, Vec16 factor) {
+  if constexpr (FloatBytes == 1) {
+    return simd::mul(factor, simd::signed_bytes(reinterpret_cast<const int8_t*>(p)));
+  } else if constexpr (FloatBytes == 2) {
     return simd::load_halves(reinterpret_cast<const uint16_t*>(p));
   } else {
     return simd::load(reinterpret_cast<const float*>(p));
   }
 }
 
+// Rows [r0, r0 + MR) against one panel (up to 16 columns, `columns` of them stored).
 template <int Bits, int Scales, bool HasMin, int FloatBytes, int MR>
-void panel_tile(const QuantizedRows& x, int64_t r0, const uint8_t* panel, int64_t block_bytes, int32_t zero,
+void panel_tile(const QuantizedRows& x, int64_t r0, const uint8_t* panel, const IntWeightFormat& format,
                 float* y, int64_t ldy, int columns) {
   const int64_t blocks = x.k / kQuantBlock;
+  const int32_t zero = format.zero;
   Vec16 acc[MR];
   for (int m = 0; m < MR; ++m) acc[m] = simd::zero();
+  // int_block_offset, with the constants hoisted out of the loop.
+  const int64_t block_bytes = int_block_bytes(format), header_bytes = int_group_header_bytes(format);
+  const int64_t group_bytes = header_bytes + kScaleGroupBlocks * block_bytes;
+  Vec16 scale_factor = simd::zero(), min_factor = simd::zero();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = panel + b * block_bytes;
+    const uint8_t* block;
+    if constexpr (FloatBytes == 1) {
+      const uint8_t* group = panel + (b / kScaleGroupBlocks) * group_bytes;
+      block = group + header_bytes + (b % kScaleGroupBlocks) * block_bytes;
+      if (b % kScaleGroupBlocks == 0) {
+        scale_factor = simd::load(reinterpret_cast<const float*>(group));
+        if constexpr (HasMin) min_factor = simd::load(reinterpret_cast<const float*>(group) + kPanelColumns);
+      }
+    } else {
+      block = panel + b * block_bytes;
+    }
     constexpr int64_t kScaleBytes = FloatBytes * kPanelColumns;
-    const Vec16 s0 = load_scales<FloatBytes>(block);
+    const Vec16 s0 = load_scales<FloatBytes>(block, scale_factor);
     Vec16 s1 = s0, minimum = s0;
-    if constexpr (Scales == 2) s1 = load_scales<FloatBytes>(block + kScaleBytes);
-    if constexpr (HasMin) minimum = load_scales<FloatBytes>(block + Scales * kScaleBytes);
+    if constexpr (Scales == 2) s1 = load_scales<FloatBytes>(block + kScaleBytes, scale_factor);
+    if constexpr (HasMin) minimum = load_scales<FloatBytes>(block + Scales * kScaleBytes, min_factor);
     const uint8_t* codes = block + kScaleBytes * (Scales + (HasMin ? 1 : 0));
     Bytes64 w[8];
     if constexpr (Bits == 4) {
@@ -117,24 +135,22 @@ template <int Bits, int Scales, bool HasMin, int FloatBytes>
 void linear_format(const QuantizedRows& x, const IntWeightView& w, int64_t panel0, int64_t panel1, float* y,
                    int64_t ldy) {
   constexpr int kRowTile = 8;  // rows sharing one unpacked block of weights
-  const int64_t block_bytes = int_block_bytes(w.format);
-  const int32_t zero = w.format.zero;
   for (int64_t p = panel0; p < panel1; ++p) {
     const uint8_t* panel = w.data + p * w.panel_bytes;
     const int columns = static_cast<int>(std::min<int64_t>(kPanelColumns, w.n - p * kPanelColumns));
     float* yp = y + p * kPanelColumns;
     int64_t r = 0;
     for (; r + kRowTile <= x.m; r += kRowTile) {
-      panel_tile<Bits, Scales, HasMin, FloatBytes, kRowTile>(x, r, panel, block_bytes, zero, yp, ldy, columns);
+      panel_tile<Bits, Scales, HasMin, FloatBytes, kRowTile>(x, r, panel, w.format, yp, ldy, columns);
     }
     switch (x.m - r) {
-      case 1: panel_tile<Bits, Scales, HasMin, FloatBytes, 1>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
-      case 2: panel_tile<Bits, Scales, HasMin, FloatBytes, 2>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
-      case 3: panel_tile<Bits, Scales, HasMin, FloatBytes, 3>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
-      case 4: panel_tile<Bits, Scales, HasMin, FloatBytes, 4>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
-      case 5: panel_tile<Bits, Scales, HasMin, FloatBytes, 5>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
-      case 6: panel_tile<Bits, Scales, HasMin, FloatBytes, 6>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
-      case 7: panel_tile<Bits, Scales, HasMin, FloatBytes, 7>(x, r, panel, block_bytes, zero, yp, ldy, columns); break;
+      case 1: panel_tile<Bits, Scales, HasMin, FloatBytes, 1>(x, r, panel, w.format, yp, ldy, columns); break;
+      case 2: panel_tile<Bits, Scales, HasMin, FloatBytes, 2>(x, r, panel, w.format, yp, ldy, columns); break;
+      case 3: panel_tile<Bits, Scales, HasMin, FloatBytes, 3>(x, r, panel, w.format, yp, ldy, columns); break;
+      case 4: panel_tile<Bits, Scales, HasMin, FloatBytes, 4>(x, r, panel, w.format, yp, ldy, columns); break;
+      case 5: panel_tile<Bits, Scales, HasMin, FloatBytes, 5>(x, r, panel, w.format, yp, ldy, columns); break;
+      case 6: panel_tile<Bits, Scales, HasMin, FloatBytes, 6>(x, r, panel, w.format, yp, ldy, columns); break;
+      case 7: panel_tile<Bits, Scales, HasMin, FloatBytes, 7>(x, r, panel, w.format, yp, ldy, columns); break;
       default: break;
     }
   }
@@ -143,8 +159,12 @@ void linear_format(const QuantizedRows& x, const IntWeightView& w, int64_t panel
 inline void linear(const QuantizedRows& x, const IntWeightView& w, int64_t panel0, int64_t panel1, float* y,
                    int64_t ldy) {
   const IntWeightFormat& f = w.format;
-  // The formats int_weight_format gives: Q4_1, Q4_0, Q8_0 and Q5_0 (halves), Q4_K and Q6_K (floats).
-  if (f.float_bytes == 2) {
+  // The formats int_weight_format gives: Q4_1, Q4_0, Q8_0 and Q5_0 (halves), Q4_K and Q6_K (int8
+  // codes, or floats where a super-block's scales have no exact int8 coding).
+  if (f.float_bytes == 1) {
+    if (f.code_bits == 4 && f.scales == 1 && f.has_min) return linear_format<4, 1, true, 1>(x, w, panel0, panel1, y, ldy);
+    if (f.code_bits == 8 && f.scales == 2 && !f.has_min) return linear_format<8, 2, false, 1>(x, w, panel0, panel1, y, ldy);
+  } else if (f.float_bytes == 2) {
     if (f.code_bits == 4 && f.scales == 1 && f.has_min) return linear_format<4, 1, true, 2>(x, w, panel0, panel1, y, ldy);
     if (f.code_bits == 4 && f.scales == 1 && !f.has_min) return linear_format<4, 1, false, 2>(x, w, panel0, panel1, y, ldy);
     if (f.code_bits == 8 && f.scales == 1 && !f.has_min) return linear_format<8, 1, false, 2>(x, w, panel0, panel1, y, ldy);

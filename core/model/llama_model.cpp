@@ -180,10 +180,11 @@ Status LlamaModel::set_compute(Compute compute) {
     bool any = false;
     auto build_one = [&](Weight& w) {
       if (w.int_view || w.view.data == nullptr) return;
-      const auto format = int_weight_format(w.view.format);
-      if (!format || w.view.k % cpu::kQuantBlock != 0) return;
-      w.int_tensor = at::empty({int_panels_bytes(*format, w.view.n, w.view.k)}, at::kByte);
-      w.int_view = repack_int_panels(w.view, w.int_tensor.data_ptr<uint8_t>());
+      if (!int_weight_format(w.view.format) || w.view.k % cpu::kQuantBlock != 0) return;
+      w.int_view = repack_int_panels(w.view, [&w](int64_t bytes) {
+        w.int_tensor = at::empty({bytes}, at::kByte);
+        return w.int_tensor.data_ptr<uint8_t>();
+      });
     };
     auto build = [&](Weight& w) {
       build_one(w);
