@@ -22,7 +22,10 @@
 // of a column side by side for each group of 4 values:
 //   8-bit codes: 8 groups of 64 bytes; group g holds values 4g..4g+3 of columns 0..15;
 //   4-bit codes: 4 vectors of 64 bytes; the low nibbles of vector v hold group v (values 4v..4v+3),
-//                the high nibbles group v + 4 (values 16 + 4v ..).
+//                the high nibbles group v + 4 (values 16 + 4v ..);
+//   5- and 6-bit codes: their low 4 bits as 4-bit codes, then a plane of the H = 1 or 2 high bits:
+//                H vectors of 64 bytes, group g's high bits in vector g % H at bit H * (g / H)
+//                of the same byte position (Q5_0's 5-bit and Q6_K's 6-bit codes at the file's size).
 // With int8-coded scales (K-quants: a 256-value super-block's scales are one float times small
 // integers), each run of kScaleGroupBlocks blocks starts with a header of 16 float32 scale factors
 // F (and 16 minimum factors G, if any), and a block's scale is F * code, its minimum G * code; both
@@ -41,7 +44,7 @@ constexpr int64_t kScaleGroupBlocks = 8;  // blocks sharing one header of factor
 
 // How a panel's blocks are coded (see the layout above).
 struct IntWeightFormat {
-  int code_bits = 8;      // 4 or 8
+  int code_bits = 8;      // 4, 5, 6 or 8
   int scales = 1;         // scales per block: 1, or 2 (one per 16-value half)
   bool has_min = false;   // a float minimum per block
   int32_t zero = 0;       // integer zero point z

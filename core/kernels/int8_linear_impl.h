@@ -90,11 +90,17 @@ void panel_tile(const QuantizedRows& x, int64_t r0, const uint8_t* panel, const 
     if constexpr (HasMin) minimum = load_scales<FloatBytes>(block + Scales * kScaleBytes, min_factor);
     const uint8_t* codes = block + kScaleBytes * (Scales + (HasMin ? 1 : 0));
     Bytes64 w[8];
-    if constexpr (Bits == 4) {
+    if constexpr (Bits >= 4 && Bits <= 6) {
       for (int v = 0; v < 4; ++v) {
         const Bytes64 raw = simd::load_bytes64(codes + 64 * v);
         w[v] = simd::low_nibbles(raw);
         w[v + 4] = simd::high_nibbles(raw);
+      }
+      if constexpr (Bits > 4) {  // the high-bit plane: group g's bits in vector g % H at bit H * (g / H)
+        constexpr int H = Bits - 4;
+        Bytes64 plane[H];
+        for (int v = 0; v < H; ++v) plane[v] = simd::load_bytes64(codes + 256 + 64 * v);
+        for (int g = 0; g < 8; ++g) w[g] = simd::bytes_or(w[g], simd::high_bits(plane[g % H], H * (g / H), H));
       }
     } else {
       for (int g = 0; g < 8; ++g) w[g] = simd::load_bytes64(codes + 64 * g);
@@ -163,14 +169,15 @@ inline void linear(const QuantizedRows& x, const IntWeightView& w, int64_t panel
   // codes, or floats where a super-block's scales have no exact int8 coding).
   if (f.float_bytes == 1) {
     if (f.code_bits == 4 && f.scales == 1 && f.has_min) return linear_format<4, 1, true, 1>(x, w, panel0, panel1, y, ldy);
-    if (f.code_bits == 8 && f.scales == 2 && !f.has_min) return linear_format<8, 2, false, 1>(x, w, panel0, panel1, y, ldy);
+    if (f.code_bits == 6 && f.scales == 2 && !f.has_min) return linear_format<6, 2, false, 1>(x, w, panel0, panel1, y, ldy);
   } else if (f.float_bytes == 2) {
     if (f.code_bits == 4 && f.scales == 1 && f.has_min) return linear_format<4, 1, true, 2>(x, w, panel0, panel1, y, ldy);
     if (f.code_bits == 4 && f.scales == 1 && !f.has_min) return linear_format<4, 1, false, 2>(x, w, panel0, panel1, y, ldy);
     if (f.code_bits == 8 && f.scales == 1 && !f.has_min) return linear_format<8, 1, false, 2>(x, w, panel0, panel1, y, ldy);
+    if (f.code_bits == 5 && f.scales == 1 && !f.has_min) return linear_format<5, 1, false, 2>(x, w, panel0, panel1, y, ldy);
   } else {
     if (f.code_bits == 4 && f.scales == 1 && f.has_min) return linear_format<4, 1, true, 4>(x, w, panel0, panel1, y, ldy);
-    if (f.code_bits == 8 && f.scales == 2 && !f.has_min) return linear_format<8, 2, false, 4>(x, w, panel0, panel1, y, ldy);
+    if (f.code_bits == 6 && f.scales == 2 && !f.has_min) return linear_format<6, 2, false, 4>(x, w, panel0, panel1, y, ldy);
   }
   VC_CHECK(false, "an integer weight format no kernel reads");
 }

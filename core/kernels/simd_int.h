@@ -30,6 +30,13 @@ struct Int16 {
 inline Bytes64 load_bytes64(const uint8_t* p) { return {_mm512_loadu_si512(p)}; }
 inline Bytes64 low_nibbles(Bytes64 b) { return {_mm512_and_si512(b.v, _mm512_set1_epi8(0x0f))}; }
 inline Bytes64 high_nibbles(Bytes64 b) { return {_mm512_and_si512(_mm512_srli_epi16(b.v, 4), _mm512_set1_epi8(0x0f))}; }
+// Each byte's bits [pos, pos + bits) moved to bits [4, 4 + bits), the others cleared.
+inline Bytes64 high_bits(Bytes64 plane, int pos, int bits) {
+  const __m512i moved = pos <= 4 ? _mm512_sll_epi16(plane.v, _mm_cvtsi32_si128(4 - pos))
+                                 : _mm512_srl_epi16(plane.v, _mm_cvtsi32_si128(pos - 4));
+  return {_mm512_and_si512(moved, _mm512_set1_epi8(static_cast<char>(((1 << bits) - 1) << 4)))};
+}
+inline Bytes64 bytes_or(Bytes64 a, Bytes64 b) { return {_mm512_or_si512(a.v, b.v)}; }
 inline Int16 izero() { return {_mm512_setzero_si512()}; }
 // Lane j += sum_{t<4} w[4j + t] (unsigned) * a[t] (signed): four signed bytes a broadcast to all lanes.
 inline Int16 dot4(Int16 acc, Bytes64 w, const int8_t* a) {
@@ -65,6 +72,14 @@ inline Bytes64 low_nibbles(Bytes64 b) {
 inline Bytes64 high_nibbles(Bytes64 b) {
   for (uint8_t& x : b.v) x = static_cast<uint8_t>(x >> 4);
   return b;
+}
+inline Bytes64 high_bits(Bytes64 plane, int pos, int bits) {
+  for (uint8_t& x : plane.v) x = static_cast<uint8_t>(((x >> pos) & ((1 << bits) - 1)) << 4);
+  return plane;
+}
+inline Bytes64 bytes_or(Bytes64 a, Bytes64 b) {
+  for (int i = 0; i < 64; ++i) a.v[i] |= b.v[i];
+  return a;
 }
 inline Int16 izero() { return Int16{}; }
 inline Int16 dot4(Int16 acc, Bytes64 w, const int8_t* a) {

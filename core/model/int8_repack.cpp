@@ -160,9 +160,9 @@ std::optional<cpu::IntWeightFormat> int_weight_format(cpu::WeightFormat format) 
     case cpu::WeightFormat::kQ8_0: return cpu::IntWeightFormat{8, 1, false, 128, 2};
     case cpu::WeightFormat::kQ4_0: return cpu::IntWeightFormat{4, 1, false, 8, 2};
     case cpu::WeightFormat::kQ4_1: return cpu::IntWeightFormat{4, 1, true, 0, 2};
-    case cpu::WeightFormat::kQ5_0: return cpu::IntWeightFormat{8, 1, false, 16, 2};
+    case cpu::WeightFormat::kQ5_0: return cpu::IntWeightFormat{5, 1, false, 16, 2};
     case cpu::WeightFormat::kNibbleF32: return cpu::IntWeightFormat{4, 1, true, 0, 1};
-    case cpu::WeightFormat::kInt8F32: return cpu::IntWeightFormat{8, 2, false, 32, 1};
+    case cpu::WeightFormat::kInt8F32: return cpu::IntWeightFormat{6, 2, false, 32, 1};
     case cpu::WeightFormat::kF32: break;
   }
   return std::nullopt;
@@ -213,10 +213,13 @@ std::optional<cpu::IntWeightView> repack_int_panels(const cpu::WeightView& w, co
           const int group = i / 4, t = i % 4;
           if (format.code_bits == 8) {
             codes[64 * group + 4 * j + t] = block.codes[i];
-          } else if (group < 4) {
-            codes[64 * group + 4 * j + t] |= block.codes[i];
-          } else {
-            codes[64 * (group - 4) + 4 * j + t] |= static_cast<uint8_t>(block.codes[i] << 4);
+            continue;
+          }
+          const uint8_t low = block.codes[i] & 0x0f;
+          codes[64 * (group % 4) + 4 * j + t] |= static_cast<uint8_t>(group < 4 ? low : low << 4);
+          if (format.code_bits > 4) {  // the high-bit plane after the 4 nibble vectors
+            const int h = format.code_bits - 4;
+            codes[256 + 64 * (group % h) + 4 * j + t] |= static_cast<uint8_t>((block.codes[i] >> 4) << (h * (group / h)));
           }
         }
       }

@@ -6,13 +6,14 @@
 //   Q4_1       the nibbles, z = 0, scale d, minimum m
 //   Q5_0       the 5-bit codes (nibble | fifth bit << 4), z = 16, scale d
 //   kNibbleF32 (Q4_K) the nibbles, z = 0, scale d, minimum m
-//   kInt8F32   (Q6_K) codes q + 32, z = 32, one scale per 16-value half
+//   kInt8F32   (Q6_K) 6-bit codes q + 32, z = 32, one scale per 16-value half
 // so that s * (code - z) + mn is the block's value as the float kernels compute it (up to the one
 // rounding of their multiply-add). float32 matrices have no integer form.
 // The two K-quant forms code their scales and minimums as int8 times one float32 factor per
 // 256 values and column (a super-block's scales are d * sc[j] with small integers sc[j]), checked
-// exact product by product, so the panels hold 4.75 (Q4_K) and 8.6 (Q6_K) bits per weight instead
-// of 6 and 10 with the same arithmetic; a super-block with no exact coding makes the matrix keep
+// exact product by product; 5- and 6-bit codes are stored as nibbles plus a plane of their high
+// bits. So the panels hold 5.5 (Q5_0), 4.75 (Q4_K) and 6.6 (Q6_K) bits per weight, about the
+// file's, with the arithmetic unchanged; a super-block with no exact coding makes the matrix keep
 // float32 scales.
 // Thread-safety: pure functions.
 #pragma once
