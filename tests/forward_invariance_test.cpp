@@ -164,8 +164,8 @@ TEST(ForwardInvariance, Qwen2IntegerOneForwardOfMTokensEqualsMDecodes) {
 // Integer and float32 compute differ (8-bit activations) but stay close: over 64 positions of a
 // text, the integer argmax equals the float32 one at >= 90% of them and the mean KL(float32 ||
 // integer) per token is below 0.05 nats; the two modes' logits are not bitwise equal.
-TEST(ForwardInvariance, IntegerComputeStaysCloseToFloat32) {
-  const LlamaModel* models[2] = {default_model(), testing::default_integer_model()};
+void expect_integer_close_to_float32(const LlamaModel* float32, const LlamaModel* integer) {
+  const LlamaModel* models[2] = {float32, integer};
   ASSERT_NE(models[0], nullptr);
   ASSERT_NE(models[1], nullptr);
   at::Tensor logits[2];
@@ -183,6 +183,15 @@ TEST(ForwardInvariance, IntegerComputeStaysCloseToFloat32) {
   std::printf("[ info ] integer vs float32 on 64 positions: argmax agreement %.3f, mean KL %.5f nats\n", agree, kl);
   EXPECT_GE(agree, 0.9);
   EXPECT_LT(kl, 0.05);
+}
+
+TEST(ForwardInvariance, IntegerComputeStaysCloseToFloat32) {
+  expect_integer_close_to_float32(default_model(), testing::default_integer_model());
+}
+// Qwen2.5-Coder 0.5B: Q5_0, Q8_0, Q4_K and Q6_K panels, and QKV stacks of mixed types (read part by
+// part, with Qwen2's RoPE row order applied to each part as to the float stack).
+TEST(ForwardInvariance, Qwen2IntegerComputeStaysCloseToFloat32) {
+  expect_integer_close_to_float32(testing::qwen_model(), testing::qwen_integer_model());
 }
 
 // The integer mode's VNNI and portable kernels (with either float kernel build beside them) give

@@ -345,6 +345,14 @@ Status LlamaModel::load_weights(const GgufFile& file) {
       L.wqkv.tensor = L.wqkv.tensor.index_select(0, order);
       L.wqkv.view.data = L.wqkv.tensor.data_ptr();
       if (L.bqkv.defined()) L.bqkv = L.bqkv.index_select(0, order);
+      // Parts of a mixed-type stack (Weight::parts) take the same order: it never moves a row
+      // across parts, and a row of blocks moves whole.
+      int64_t first = 0;
+      for (Weight& part : L.wqkv.parts) {
+        part.tensor = part.tensor.index_select(0, order.slice(0, first, first + part.view.n) - first);
+        part.view.data = part.tensor.data_ptr();
+        first += part.view.n;
+      }
     }
     VC_ASSIGN_OR_RETURN(L.wo, load_matrix(file, {p + "attn_output.weight"}, {d}, c.n_heads * hd));
     VC_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(file, p + "ffn_norm.weight", d));
