@@ -147,9 +147,11 @@ float scalar_reference(const IntWeightView& w, const QuantizedRows& x, int64_t r
   const int64_t blocks = w.k / 32, p = col / kPanelColumns, j = col % kPanelColumns;
   float acc = 0.0f;
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t group_bytes = 4 * kPanelColumns * (f.has_min ? 2 : 1) + 8 * int_block_bytes(f);
+    // With int8-coded scales, groups of 8 blocks each after a header of 16 (or 32) float factors.
+    const int64_t header_bytes = 4 * kPanelColumns * (f.has_min ? 2 : 1);
+    const int64_t group_bytes = header_bytes + 8 * int_block_bytes(f);
     const uint8_t* block = w.data + p * w.panel_bytes +
-                           (f.float_bytes == 1 ? (b / 8) * group_bytes + group_bytes - (8 - b % 8) * int_block_bytes(f)
+                           (f.float_bytes == 1 ? (b / 8) * group_bytes + header_bytes + (b % 8) * int_block_bytes(f)
                                                : b * int_block_bytes(f));
     const uint8_t* codes = block + f.float_bytes * kPanelColumns * (f.scales + (f.has_min ? 1 : 0));
     int32_t half[2] = {0, 0}, code_sum[2] = {0, 0};
