@@ -29,6 +29,15 @@ struct QuantizedBuffers {
   std::vector<int32_t> half_sums;
 };
 
+// Work items of a linear layer (panels or column groups) per chunk a thread takes: about 8 chunks
+// per thread. With one item per chunk every thread took every other panel through one shared
+// counter, and decode ran 15-60% slower (Qwen2.5-Coder 1.5B and SmolLM2, both compute modes, AMD
+// EPYC, 2 threads).
+int64_t linear_grain(int64_t items) {
+  constexpr int64_t kChunksPerThread = 8;
+  return std::max<int64_t>(1, items / (ThreadPool::global().threads() * kChunksPerThread));
+}
+
 void parallel_rms_norm(const cpu::KernelTable& k, const float* x, int64_t rows, int64_t d, const at::Tensor& w,
                        float eps, float* y) {
   const float* wp = w.data_ptr<float>();
@@ -66,7 +75,7 @@ void LlamaModel::parallel_linear(const float* x, int64_t ldx, int64_t rows, cons
                        q.half_sums.data() + r0 * (k / 16));
     });
     const cpu::QuantizedRows xq{q.codes.data(), q.scales.data(), q.half_sums.data(), rows, k};
-    ThreadPool::global().parallel_for(first_panel.back(), 1, [&](int64_t p0, int64_t p1) {
+    ThreadPool::global().parallel_for(first_panel.back(), linear_grain(first_panel.back()), [&](int64_t p0, int64_t p1) {
       for (size_t i = 0; i < views.size(); ++i) {
         const int64_t a = std::max(p0, first_panel[i]), b = std::min(p1, first_panel[i + 1]);
         if (a < b) ik.linear(xq, *views[i], a - first_panel[i], b - first_panel[i], y + column0[i], ldy);
@@ -76,7 +85,8 @@ void LlamaModel::parallel_linear(const float* x, int64_t ldx, int64_t rows, cons
   }
   const cpu::KernelTable& k = *kernels_;
   const int64_t n = w.view.n;
-  ThreadPool::global().parallel_for((n + kColumnGroup - 1) / kColumnGroup, 1, [&](int64_t g0, int64_t g1) {
+  const int64_t groups = (n + kColumnGroup - 1) / kColumnGroup;
+  ThreadPool::global().parallel_for(groups, linear_grain(groups), [&](int64_t g0, int64_t g1) {
     k.linear(x, ldx, rows, w.view, g0 * kColumnGroup, std::min(n, g1 * kColumnGroup), y, ldy);
   });
 }
