@@ -50,35 +50,25 @@ void parallel_rms_norm(const cpu::KernelTable& k, const float* x, int64_t rows, 
 
 void LlamaModel::parallel_linear(const float* x, int64_t ldx, int64_t rows, const Weight& w, float* y,
                                  int64_t ldy) const {
-  if (compute_ == Compute::kInteger && w.integer_ready()) {
+  if (compute_ == Compute::kInteger && !w.int_panels.empty()) {
     const cpu::IntKernelTable& ik = *int_kernels_;
-    // One panel list over the parts (or the whole matrix): part i's columns start at column0[i].
-    std::vector<const cpu::IntWeightView*> views;
-    std::vector<int64_t> first_panel{0}, column0{0};
-    if (w.int_view) {
-      views.push_back(&*w.int_view);
-    } else {
-      for (const Weight& part : w.parts) views.push_back(&*part.int_view);
-    }
-    for (const cpu::IntWeightView* v : views) {
-      first_panel.push_back(first_panel.back() + v->panels());
-      column0.push_back(column0.back() + v->n);
-    }
-    const int64_t k = views[0]->k;
+    const int64_t k = w.int_panels[0].view.k;
+    const int64_t panels = w.int_panels.back().first_panel + w.int_panels.back().view.panels();
     thread_local QuantizedBuffers buffers;
     QuantizedBuffers& q = buffers;  // the calling thread's: workers must not name the thread_local
     q.codes.resize(rows * k);
     q.scales.resize(rows * k / cpu::kQuantBlock);
     q.half_sums.resize(rows * k / (cpu::kQuantBlock / 2));
     ThreadPool::global().parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
-      ik.quantize_rows(x + r0 * ldx, ldx, r1 - r0, k, q.codes.data() + r0 * k, q.scales.data() + r0 * (k / 32),
-                       q.half_sums.data() + r0 * (k / 16));
+      ik.quantize_rows(x + r0 * ldx, ldx, r1 - r0, k, q.codes.data() + r0 * k,
+                       q.scales.data() + r0 * (k / cpu::kQuantBlock),
+                       q.half_sums.data() + r0 * (k / (cpu::kQuantBlock / 2)));
     });
     const cpu::QuantizedRows xq{q.codes.data(), q.scales.data(), q.half_sums.data(), rows, k};
-    ThreadPool::global().parallel_for(first_panel.back(), linear_grain(first_panel.back()), [&](int64_t p0, int64_t p1) {
-      for (size_t i = 0; i < views.size(); ++i) {
-        const int64_t a = std::max(p0, first_panel[i]), b = std::min(p1, first_panel[i + 1]);
-        if (a < b) ik.linear(xq, *views[i], a - first_panel[i], b - first_panel[i], y + column0[i], ldy);
+    ThreadPool::global().parallel_for(panels, linear_grain(panels), [&](int64_t p0, int64_t p1) {
+      for (const IntPanels& part : w.int_panels) {  // one view, or the parts of a mixed stack
+        const int64_t a = std::max(p0, part.first_panel), b = std::min(p1, part.first_panel + part.view.panels());
+        if (a < b) ik.linear(xq, part.view, a - part.first_panel, b - part.first_panel, y + part.column0, ldy);
       }
     });
     return;

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -155,23 +156,12 @@ Status LlamaModel::finish_loading() {
 
 const char* compute_name(Compute compute) { return compute == Compute::kInteger ? "integer" : "float32"; }
 
-bool LlamaModel::Weight::integer_ready() const {
-  if (int_view) return true;
-  if (parts.empty()) return false;
-  for (const Weight& part : parts) {
-    if (!part.int_view) return false;
-  }
-  return true;
-}
-
 int64_t LlamaModel::matrix_bytes(const Weight& w) const {
-  if (compute_ == Compute::kInteger && w.int_view) return static_cast<int64_t>(w.int_tensor.nbytes());
-  if (compute_ == Compute::kInteger && w.integer_ready()) {
-    int64_t bytes = 0;
-    for (const Weight& part : w.parts) bytes += static_cast<int64_t>(part.int_tensor.nbytes());
-    return bytes;
-  }
-  return static_cast<int64_t>(w.tensor.nbytes());
+  if (compute_ != Compute::kInteger || w.int_panels.empty()) return static_cast<int64_t>(w.tensor.nbytes());
+  if (w.int_view) return static_cast<int64_t>(w.int_tensor.nbytes());
+  int64_t bytes = 0;
+  for (const Weight& part : w.parts) bytes += static_cast<int64_t>(part.int_tensor.nbytes());
+  return bytes;
 }
 
 Status LlamaModel::set_compute(Compute compute) {
@@ -189,7 +179,22 @@ Status LlamaModel::set_compute(Compute compute) {
     auto build = [&](Weight& w) {
       build_one(w);
       for (Weight& part : w.parts) build_one(part);
-      any = any || w.integer_ready();
+      w.int_panels.clear();
+      // The whole matrix's panels, or every part's; none if a row would be left without.
+      std::vector<const cpu::IntWeightView*> views;
+      if (w.int_view) {
+        views.push_back(&*w.int_view);
+      } else {
+        for (const Weight& part : w.parts) views.push_back(part.int_view ? &*part.int_view : nullptr);
+      }
+      if (views.empty() || std::find(views.begin(), views.end(), nullptr) != views.end()) return;
+      int64_t first_panel = 0, column0 = 0;
+      for (const cpu::IntWeightView* v : views) {
+        w.int_panels.push_back(IntPanels{*v, first_panel, column0});
+        first_panel += v->panels();
+        column0 += v->n;
+      }
+      any = true;
     };
     for (Layer& L : layers_) {
       build(L.wqkv);
@@ -249,6 +254,18 @@ Status LlamaModel::draw_random_weights(uint64_t seed) {
                             first_line(e));
   }
   return Status();
+}
+
+// Rows of `w` in `order` (row i of the result is row order[i]; the float or block rows move
+// whole), and so for its parts: the order must keep each part's rows within the part.
+void LlamaModel::reorder_rows(Weight& w, const at::Tensor& order) {
+  w.tensor = w.tensor.index_select(0, order);
+  w.view.data = w.tensor.data_ptr();
+  int64_t first = 0;
+  for (Weight& part : w.parts) {
+    reorder_rows(part, order.slice(0, first, first + part.view.n) - first);
+    first += part.view.n;
+  }
 }
 
 // Rows of the named matrices stacked in order (each [rows, k]): kept in their ggml blocks (K-quants
@@ -342,17 +359,8 @@ Status LlamaModel::load_weights(const GgufFile& file) {
     }
     if (c.rope_pairs_halves) {
       const at::Tensor order = adjacent_pair_order(c.n_heads + c.n_kv_heads, hd, c.n_heads * hd + 2 * kv);
-      L.wqkv.tensor = L.wqkv.tensor.index_select(0, order);
-      L.wqkv.view.data = L.wqkv.tensor.data_ptr();
+      reorder_rows(L.wqkv, order);
       if (L.bqkv.defined()) L.bqkv = L.bqkv.index_select(0, order);
-      // Parts of a mixed-type stack (Weight::parts) take the same order: it never moves a row
-      // across parts, and a row of blocks moves whole.
-      int64_t first = 0;
-      for (Weight& part : L.wqkv.parts) {
-        part.tensor = part.tensor.index_select(0, order.slice(0, first, first + part.view.n) - first);
-        part.view.data = part.tensor.data_ptr();
-        first += part.view.n;
-      }
     }
     VC_ASSIGN_OR_RETURN(L.wo, load_matrix(file, {p + "attn_output.weight"}, {d}, c.n_heads * hd));
     VC_ASSIGN_OR_RETURN(L.ffn_norm, load_vector(file, p + "ffn_norm.weight", d));

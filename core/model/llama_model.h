@@ -200,14 +200,20 @@ class LlamaModel {
   // set_compute(kInteger) has built them. `parts`: a stack whose parts differ in type (Q4_K Q and
   // K rows with Q6_K V rows, as Q4_K_M files have) is held in float32 for the float path, and each
   // part also in its own blocks, so that integer mode reads every part in its own panels.
+  // `int_panels`: what integer mode reads for the whole matrix, in row order (its own view, or its
+  // parts' views with their first panel and first output column); empty when some row has none.
+  struct IntPanels {
+    cpu::IntWeightView view;
+    int64_t first_panel = 0;  // of the whole matrix's panel list
+    int64_t column0 = 0;      // the output column of the view's first row
+  };
   struct Weight {
     at::Tensor tensor;
     cpu::WeightView view;
     at::Tensor int_tensor;
     std::optional<cpu::IntWeightView> int_view;
     std::vector<Weight> parts;
-    // Integer panels for every row: one view, or one per part.
-    bool integer_ready() const;
+    std::vector<IntPanels> int_panels;
   };
   struct Layer {
     at::Tensor attn_norm;  // [d_model] float32
@@ -265,6 +271,7 @@ class LlamaModel {
   void parallel_linear(const float* x, int64_t ldx, int64_t rows, const Weight& w, float* y, int64_t ldy) const;
   // The bytes a decode step reads of a matrix in the current compute mode.
   int64_t matrix_bytes(const Weight& w) const;
+  static void reorder_rows(Weight& w, const at::Tensor& order);
 };
 
 }  // namespace vericache
