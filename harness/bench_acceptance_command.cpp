@@ -85,7 +85,7 @@ void print(const Row& r, int64_t x, bool json, const LlamaModel& m) {
       kl.push_back(d.kl);
       tokens.push_back(d.token);
     }
-    nlohmann::json out{{"model", m.path()}, {"compute", compute_name(m.compute())},
+    nlohmann::json out{{"model", m.path()}, {"compute", compute_name(m.compute())}, {"kv_cache", kv_cache_name(m)},
                        {"context", r.context},
                        {"prompt_tokens", r.prompt_tokens},
                        {"compressor", r.compressor},
@@ -117,7 +117,7 @@ void print(const Row& r, int64_t x, bool json, const LlamaModel& m) {
 }  // namespace
 
 int run_bench_acceptance(int argc, char** argv) {
-  std::string compute_arg;
+  ComputeArgs compute_arg;
   std::string model_arg, text_file, contexts_arg, compressors_arg, ratios_arg, question;
   std::vector<std::string> params_args;
   int64_t draft_length = 16, decode_tokens = 64, page_size = 16, prefill_chunk = 512;
@@ -134,7 +134,6 @@ int run_bench_acceptance(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from")
     ("contexts", po::value(&contexts_arg)->default_value("2048"), "comma-separated prompt lengths in tokens")
     ("question", po::value(&question),
@@ -152,6 +151,7 @@ int run_bench_acceptance(int argc, char** argv) {
     ("prefill-chunk", po::value(&prefill_chunk)->default_value(512), "prompt tokens per prefill forward")
     ("json", po::bool_switch(&json), "print one JSON object per (context, compressor, c) instead of a table");
   // clang-format on
+  add_compute_options(desc, compute_arg);
   po::variables_map vm;
   const std::string example =
       "Example:\n  vericache bench-acceptance --model qwen2.5-coder-0.5b --contexts 2048 --compressors snapkv "

@@ -121,7 +121,7 @@ Result<Measured> measure(const LlamaModel& m, const Config& config, const Sequen
 }  // namespace
 
 int run_bench_attention(int argc, char** argv) {
-  std::string compute_arg;
+  ComputeArgs compute_arg;
   std::string model_arg, text_file;
   std::vector<std::string> quantizer_args;
   int64_t context = 8160, batch = 8, steps = 6, page_size = 16, prefill_chunk = 512;
@@ -138,7 +138,6 @@ int run_bench_attention(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompt is cut from")
     ("context", po::value(&context)->default_value(8160), "prompt tokens (with --steps, within the model's context)")
     ("batch", po::value(&batch)->default_value(8), "requests decoding together")
@@ -150,6 +149,7 @@ int run_bench_attention(int argc, char** argv) {
     ("prefill-chunk", po::value(&prefill_chunk)->default_value(512), "prompt tokens per prefill forward")
     ("json", po::bool_switch(&json), "print one JSON object per configuration instead of a table");
   // clang-format on
+  add_compute_options(desc, compute_arg);
   po::variables_map vm;
   const std::string example =
       "Example:\n  vericache bench-attention --context 8160 --batch 8 --quantizer 'kivi={\"bits\": 4}' "
@@ -240,7 +240,7 @@ int run_bench_attention(int argc, char** argv) {
                                {"step_speedup", step_speedup},
                                {"pack_seconds", r->pack_seconds},
                                {"threads", ThreadPool::global().threads()},
-                               {"kernels", m.kernels().isa}, {"model", m.path()}, {"compute", compute_name(m.compute())}};
+                               {"kernels", m.kernels().isa}, {"model", m.path()}, {"compute", compute_name(m.compute())}, {"kv_cache", kv_cache_name(m)}};
       std::cout << out.dump() << std::endl;
     } else {
       std::printf("| %s | %.1f | %.3f | %.1f | %.1f | %.1f | %.2fx | %.2fx |\n", c.label.c_str(),

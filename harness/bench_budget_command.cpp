@@ -63,7 +63,7 @@ Result<std::vector<Link>> parse_links(const std::string& text) {
 }  // namespace
 
 int run_bench_budget(int argc, char** argv) {
-  std::string compute_arg;
+  ComputeArgs compute_arg;
   std::string model_arg, text_file, compressor_arg, links_arg;
   DraftPolicyArgs policy_args;
   std::vector<std::string> params_args;
@@ -82,7 +82,6 @@ int run_bench_budget(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_ENGINE_BENCH_TEXT),
      "text the prompts are cut from (as bench-engine: files joined by commas; the default is the four built "
      "prompt sets, not text the model has memorized)")
@@ -107,6 +106,7 @@ int run_bench_budget(int argc, char** argv) {
     ("prefill-chunk", po::value(&prefill_chunk)->default_value(512), "prompt tokens per prefill forward")
     ("json", po::bool_switch(&json), "print one JSON object per link instead of a table");
   // clang-format on
+  add_compute_options(desc, compute_arg);
   add_draft_policy_options(desc, policy_args);
   po::variables_map vm;
   const std::string example =
@@ -144,7 +144,7 @@ int run_bench_budget(int argc, char** argv) {
   shape.ignore_eos = true;
   const KvPageSpec spec = m.kv_page_spec(page_size);
   // One page: page_size slots of K and V of one layer.
-  const int64_t page_bytes = 2 * spec.n_kv_heads * spec.head_dim * page_size * at::elementSize(m.dtype());
+  const int64_t page_bytes = 2 * spec.n_kv_heads * spec.head_dim * page_size * at::elementSize(m.kv_dtype());
   const int64_t full_pages = Generator::pages_needed(m, page_size, std::span(&shape, 1));
   const int64_t budget_pages = budget_gb > 0 ? static_cast<int64_t>(budget_gb * 1e9) / page_bytes
                                              : static_cast<int64_t>(budget_full_requests * static_cast<double>(full_pages));
@@ -298,7 +298,7 @@ int run_bench_budget(int argc, char** argv) {
                          {"draft_length", draft_length},
                          {"threads", ThreadPool::global().threads()},
                          {"capped", capped},
-                         {"model", m.path()}, {"compute", compute_name(m.compute())}};
+                         {"model", m.path()}, {"compute", compute_name(m.compute())}, {"kv_cache", kv_cache_name(m)}};
       std::cout << out.dump() << std::endl;
     } else {
       std::printf("| %s | %lld%s | %.1f | %lld%s | %.1f | %.2fx | %lld | %lld | %.2f | %.2f | %lld | %.2f | %.2f | %.2f | %s "

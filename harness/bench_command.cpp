@@ -121,9 +121,9 @@ int time_windows(const WindowTimingSetup& s, const std::vector<int64_t>& context
   const LlamaModel& m = s.m;
   const char* weights = s.random_weights ? "random (timing only)" : "the model file's";
   if (!s.json) {
-    std::printf("model %s, %s %s, %d threads, %s, compute %s; K/V random (no prefill), %s weights\n",
+    std::printf("model %s, %s %s, %d threads, %s, compute %s; K/V %s, random (no prefill), %s weights\n",
                 s.model_name.c_str(), m.device().str().c_str(), c10::toString(m.dtype()), ThreadPool::global().threads(),
-                s.engine.c_str(), compute_name(m.compute()), weights);
+                s.engine.c_str(), compute_name(m.compute()), kv_cache_name(m).c_str(), weights);
     std::printf("%8s %6s %7s %12s %10s %10s %10s %10s %12s %12s\n", "context", "batch", "window", "rows/s", "ms/step",
                 "linear ms", "attn ms", "logits ms", "GFLOP/step", "decode steps");
   }
@@ -151,7 +151,7 @@ int time_windows(const WindowTimingSetup& s, const std::vector<int64_t>& context
         const double logits_ms = per_step * timing->times.logits_seconds;
         if (s.json) {
           nlohmann::json out{{"system", "vericache"},
-                             {"model", s.model_name}, {"compute", compute_name(m.compute())},
+                             {"model", s.model_name}, {"compute", compute_name(m.compute())}, {"kv_cache", kv_cache_name(m)},
                              {"weights", weights},
                              {"kv", "random (no prefill)"},
                              {"context", context},
@@ -192,7 +192,7 @@ int time_windows(const WindowTimingSetup& s, const std::vector<int64_t>& context
 }  // namespace
 
 int run_bench(int argc, char** argv) {
-  std::string compute_arg;
+  ComputeArgs compute_arg;
   std::string model_arg, random_shape, text_file, contexts_arg, batches_arg;
   int64_t decode_tokens = 32, page_size = 16, prefill_chunk = 512;
   std::string window_arg, split_arg;
@@ -218,7 +218,6 @@ int run_bench(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("random-weights", po::value(&random_shape)->value_name("SHAPE"),
      "instead of --model: a model of SHAPE (listed above) with random weights, for timing only")
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from")
@@ -241,6 +240,7 @@ int run_bench(int argc, char** argv) {
     ("prefill-chunk", po::value(&prefill_chunk)->default_value(512), "prompt tokens per request per prefill forward")
     ("json", po::bool_switch(&json), "print one JSON object per configuration instead of a table");
   // clang-format on
+  add_compute_options(desc, compute_arg);
   po::variables_map vm;
   const std::string example =
       "Examples:\n  vericache bench --contexts 512,2048 --batches 1,8 --decode-tokens 32\n"
@@ -278,6 +278,9 @@ int run_bench(int argc, char** argv) {
   set_threads(threads);
   auto loaded = random ? LlamaModel::with_random_weights(random_shape, 1, *load_options) : load_model(model_arg, compute_arg, *load_options);
   if (!loaded.ok()) return report_error(loaded.status());
+  if (random && compute_arg.kv_cache == "bfloat16") {
+    if (Status s = (*loaded)->set_kv_dtype(at::kBFloat16); !s.ok()) return report_error(s);
+  }
   const LlamaModel& m = **loaded;
   const std::string model_name = random ? m.path() + " (random weights, timing only)" : m.path();
 
@@ -292,7 +295,7 @@ int run_bench(int argc, char** argv) {
   const std::string engine = m.forward_path() == ForwardPath::kCpuKernels ? std::string(m.kernels().isa) + " kernels"
                                                                           : "torch forward";
   // Bytes a decode step must read at least: every weight matrix once, as held, plus each request's K/V.
-  const int64_t elem = c10::elementSize(m.dtype());
+  const int64_t elem = c10::elementSize(m.kv_dtype());
   const int64_t weight_bytes = m.decode_weight_bytes();
   const int64_t kv_bytes_per_token = 2 * m.config().n_layers * m.config().n_kv_heads * m.config().head_dim * elem;
   if (random || !vm["window"].defaulted()) {
@@ -300,8 +303,9 @@ int run_bench(int argc, char** argv) {
     return time_windows(setup, contexts, batches, windows);
   }
   if (!json) {
-    std::printf("model %s (%s), %s %s, %d threads, %s\n", model_name.c_str(), m.weight_type().c_str(),
-                m.device().str().c_str(), c10::toString(m.dtype()), ThreadPool::global().threads(), engine.c_str());
+    std::printf("model %s (%s), %s %s, %d threads, %s, compute %s, K/V %s\n", model_name.c_str(),
+                m.weight_type().c_str(), m.device().str().c_str(), c10::toString(m.dtype()), ThreadPool::global().threads(),
+                engine.c_str(), compute_name(m.compute()), kv_cache_name(m).c_str());
     std::printf("%8s %6s %14s %14s %12s\n", "context", "batch", "prefill tok/s", "decode tok/s", "ms/step");
   }
   for (int64_t context : contexts) {
@@ -336,7 +340,7 @@ int run_bench(int argc, char** argv) {
       const double ms_per_step = 1000.0 * stats.decode_seconds / static_cast<double>(stats.decode_steps);
       if (json) {
         nlohmann::json out{{"system", "vericache"},
-                           {"model", model_name}, {"compute", compute_name(m.compute())},
+                           {"model", model_name}, {"compute", compute_name(m.compute())}, {"kv_cache", kv_cache_name(m)},
                            {"weight_type", m.weight_type()},
                            {"context", context},
                            {"batch", batch},

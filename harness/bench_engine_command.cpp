@@ -31,7 +31,7 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 
 int run_bench_engine(int argc, char** argv) {
-  std::string compute_arg;
+  ComputeArgs compute_arg;
   std::string model_arg, text_file, contexts_arg, batches_arg, compressors_arg, drafts_arg, policies_arg,
       adaptive_drafts_arg;
   DraftPolicyArgs policy_args;
@@ -50,7 +50,6 @@ int run_bench_engine(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_ENGINE_BENCH_TEXT),
      "text the prompts are cut from: files joined by commas, each plain text or a prompt set (.json); the default "
      "is the four built prompt sets (not text the model has memorized)")
@@ -74,6 +73,7 @@ int run_bench_engine(int argc, char** argv) {
     ("prefill-chunk", po::value(&prefill_chunk)->default_value(512), "prompt tokens per prefill forward")
     ("json", po::bool_switch(&json), "print one JSON object per configuration instead of a table");
   // clang-format on
+  add_compute_options(desc, compute_arg);
   add_draft_policy_tuning_options(desc, policy_args);
   po::variables_map vm;
   const std::string example =
@@ -255,7 +255,7 @@ int run_bench_engine(int argc, char** argv) {
                                                        : "a different stretch of the text per request"},
                                {"text", text_file},
                                {"distinct_outputs", static_cast<int64_t>(outputs.size())},
-                               {"model", m.path()}, {"compute", compute_name(m.compute())}};
+                               {"model", m.path()}, {"compute", compute_name(m.compute())}, {"kv_cache", kv_cache_name(m)}};
             std::cout << out.dump() << std::endl;
           } else {
             char fallback_cost[32] = "-";

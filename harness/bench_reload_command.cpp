@@ -184,7 +184,7 @@ struct PolicyRun {
 }  // namespace
 
 int run_bench_reload(int argc, char** argv) {
-  std::string compute_arg;
+  ComputeArgs compute_arg;
   std::string model_arg, text_file, compressor_arg, policies_arg, profile_out, windows_out, links_arg;
   std::vector<std::string> params_args;
   int64_t context = 0, batch = 0, draft_length = 0, window = 0, decode_tokens = 0, page_size = 16, prefill_chunk = 512;
@@ -203,7 +203,6 @@ int run_bench_reload(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("text-file", po::value(&text_file)->default_value(VC_DEFAULT_BENCH_TEXT), "text the prompts are cut from (needs batch x context tokens)")
     ("context", po::value(&context)->default_value(4000), "prompt tokens")
     ("batch,b", po::value(&batch)->default_value(4), "requests decoding at once")
@@ -231,6 +230,7 @@ int run_bench_reload(int argc, char** argv) {
      "`vericache simulate --acceptance-trace`")
     ("json", po::bool_switch(&json), "print one JSON object per policy instead of a table");
   // clang-format on
+  add_compute_options(desc, compute_arg);
   po::variables_map vm;
   const std::string example = "Example:\n  vericache bench-reload --context 4000 -b 4 -x 8 --link-gb-s 2,20 --threads 1\n";
   if (auto done = parse_command_line("bench-reload", desc, example, argc, argv, &vm,
@@ -630,7 +630,7 @@ int run_bench_reload(int argc, char** argv) {
                          {"request_alphas", cpu.alphas},
                          {"kv_full_bytes", full_bytes},
                          {"threads", ThreadPool::global().threads()},
-                         {"model", m.path()}, {"compute", compute_name(m.compute())}};
+                         {"model", m.path()}, {"compute", compute_name(m.compute())}, {"kv_cache", kv_cache_name(m)}};
       std::cout << out.dump() << std::endl;
     } else {
       std::printf(

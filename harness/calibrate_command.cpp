@@ -23,7 +23,7 @@ namespace po = boost::program_options;
 namespace vericache::cli {
 
 int run_calibrate(int argc, char** argv) {
-  std::string compute_arg;
+  ComputeArgs compute_arg;
   std::string compressor, model_arg, corpus = VC_DEFAULT_BENCH_TEXT, out_path;
   int64_t passages = 16, passage_tokens = 512, head_group = 0;
   double outlier_fraction = 0.01;
@@ -36,7 +36,6 @@ int run_calibrate(int argc, char** argv) {
     ("help,h", "print this help and exit")
     ("compressor", po::value(&compressor), "the quantizer to calibrate: kvquant or rotatekv (required)")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("corpus", po::value(&corpus)->default_value(corpus), "calibration text file")
     ("passages", po::value(&passages)->default_value(16), "passages taken evenly across the corpus")
     ("passage-tokens", po::value(&passage_tokens)->default_value(512), "tokens per passage (raw text, no chat template)")
@@ -49,6 +48,7 @@ int run_calibrate(int argc, char** argv) {
     ("out,o", po::value(&out_path), "write the calibration here (JSON; required)")
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores");
   // clang-format on
+  add_compute_options(desc, compute_arg);
   po::variables_map vm;
   const std::string example =
       "Example:\n  vericache calibrate --compressor rotatekv --out rotatekv.json\n"

@@ -95,7 +95,7 @@ Result<std::string> new_run_folder(const std::string& root, const std::string& c
 }  // namespace
 
 int run_checklist(int argc, char** argv) {
-  std::string compute_arg;
+  ComputeArgs compute_arg;
   std::string model_arg, compressor_arg, params = "{}", xs_arg, ratios_arg, temperatures_arg, contexts_arg, out_dir,
       prompt_set_path, python, context_text, baselines_path;
   std::vector<std::string> plugin_dirs;
@@ -112,7 +112,6 @@ int run_checklist(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("compressor", po::value(&compressor_arg)->default_value("kvzip"),
      "plugin name or path: a token dropper, or a quantizer (which keeps every token: no -c, no c sweep)")
     ("params", po::value(&params)->default_value("{}"), "the compressor's parameters as a JSON object")
@@ -148,6 +147,7 @@ int run_checklist(int argc, char** argv) {
      "step 4's fixed device KV budget: the whole caches of this many of the longest requests (0: skip)")
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores");
   // clang-format on
+  add_compute_options(desc, compute_arg);
   add_draft_policy_options(desc, policy_args);
   po::variables_map vm;
   const std::string example = "Examples:\n  vericache checklist --quick\n  vericache checklist --compressor snapkv -c 0.1 -x 16\n";

@@ -50,17 +50,43 @@ Result<std::string> resolve_model_path(const std::string& requested) {
   return wanted;
 }
 
-Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, const std::string& compute,
+void add_compute_options(boost::program_options::options_description& d, ComputeArgs& args) {
+  namespace po = boost::program_options;
+  d.add_options()("compute", po::value(&args.compute)->default_value("auto"), kComputeOptionHelp)(
+      "kv-cache", po::value(&args.kv_cache)->default_value("auto"), kKvCacheOptionHelp);
+}
+
+Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, const ComputeArgs& args,
                                                LoadOptions options) {
+  const std::string& compute = args.compute;
   if (compute != "auto" && compute != "float32" && compute != "integer") {
     return Status::invalid_argument("--compute must be auto, float32 or integer, got '" + compute + "'");
+  }
+  const std::string& kv = args.kv_cache;
+  if (kv != "auto" && kv != "float32" && kv != "bfloat16") {
+    return Status::invalid_argument("--kv-cache must be auto, float32 or bfloat16, got '" + kv + "'");
   }
   VC_ASSIGN_OR_RETURN(const std::string path, resolve_model_path(requested));
   options.compute = compute == "integer" ? Compute::kInteger : Compute::kFloat32;
   VC_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::load(path, options));
   // auto: integer wherever the model can run it (quantized matrices on the CPU kernels).
   if (compute == "auto" && model->forward_path() == ForwardPath::kCpuKernels) (void)model->set_compute(Compute::kInteger);
+  // auto: bfloat16 pages beside integer arithmetic, the model dtype otherwise.
+  if (kv == "bfloat16" || (kv == "auto" && model->compute() == Compute::kInteger)) {
+    if (Status s = model->set_kv_dtype(at::kBFloat16); !s.ok()) return Status::invalid_argument("--kv-cache " + kv + ": " + s.message());
+  } else if (kv == "float32") {
+    if (Status s = model->set_kv_dtype(at::kFloat); !s.ok()) return Status::invalid_argument("--kv-cache float32: " + s.message());
+  }
   return model;
+}
+
+std::string kv_cache_name(const LlamaModel& model) {
+  switch (model.kv_dtype()) {
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return c10::toString(model.kv_dtype());
+  }
 }
 
 Result<LoadOptions> parse_load_options(const std::string& device, const std::string& dtype) {

@@ -56,11 +56,29 @@ inline constexpr const char* kComputeOptionHelp =
     "transformers bit for bit), or auto (integer where the weights are quantized and the forward runs "
     "on the CPU kernels, else float32). Both are row-count invariant, so VeriCache stays lossless";
 
-// resolve_model_path(requested), then LlamaModel::load with `options` and the arithmetic `compute`
-// names (kComputeOptionHelp); InvalidArgument for another value, or for "integer" on a model that
-// cannot run it (a GPU, float weights).
-Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, const std::string& compute,
+// The --kv-cache help of every subcommand that loads a model.
+inline constexpr const char* kKvCacheOptionHelp =
+    "the element type of the KV cache pages on the CPU kernels: bfloat16 (K and V rounded to nearest "
+    "even as they are written: half the bytes attention reads, as llama.cpp's f16 cache), float32, or "
+    "auto (bfloat16 with --compute integer, float32 with float32 compute: the mode that matches "
+    "transformers). The engine and its full-KV reference share the cache, so VeriCache stays lossless";
+
+// --compute and --kv-cache as given (each "auto" unless set).
+struct ComputeArgs {
+  std::string compute = "auto";
+  std::string kv_cache = "auto";
+};
+// Adds --compute and --kv-cache, bound to `args`, to `d`.
+void add_compute_options(boost::program_options::options_description& d, ComputeArgs& args);
+
+// resolve_model_path(requested), then LlamaModel::load with `options`, the arithmetic
+// `args.compute` names (kComputeOptionHelp) and the KV element type `args.kv_cache` names
+// (kKvCacheOptionHelp); InvalidArgument for another value, for "integer" on a model that cannot
+// run it (a GPU, float weights), or for a KV element type its forward cannot keep.
+Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, const ComputeArgs& args,
                                                LoadOptions options = {});
+// "float32" or "bfloat16": the model's KV element type, as --kv-cache and the JSON outputs name it.
+std::string kv_cache_name(const LlamaModel& model);
 
 // --device (cpu, cuda, cuda:N) and --dtype (float32, bfloat16, float16; "auto": float32 on the CPU,
 // bfloat16 on a GPU) as load options; InvalidArgument naming the bad value.

@@ -66,7 +66,7 @@ int compress_with_quantizer(const LlamaModel& m, Compressor& quantizer, const st
 }  // namespace
 
 int run_compress(int argc, char** argv) {
-  std::string compute_arg;
+  ComputeArgs compute_arg;
   std::string model_arg, compressor_arg, params = "{}", prompt, prompt_file;
   std::vector<std::string> plugin_dirs;
   double ratio = 0.25;
@@ -78,7 +78,6 @@ int run_compress(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("compressor", po::value(&compressor_arg), "plugin name (see 'vericache plugins') or path to a vc_plugin_*.so")
     ("params", po::value(&params)->default_value("{}"), "the compressor's parameters as a JSON object")
     ("ratio,c", po::value(&ratio)->default_value(0.25), "kept fraction c in (0, 1]: KV_comp = c * KV_full")
@@ -91,6 +90,7 @@ int run_compress(int argc, char** argv) {
     ("positions", po::bool_switch(&positions),
      "token dropping: also print the kept positions per (layer, KV head); with --json as kept_positions[layer][head]");
   // clang-format on
+  add_compute_options(desc, compute_arg);
   po::variables_map vm;
   const std::string example =
       "Example:\n  vericache compress --compressor streaming_llm --params '{\"sinks\": 4}' -c 0.25 -f doc.txt\n";

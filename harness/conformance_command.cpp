@@ -63,7 +63,7 @@ void print_report(const ConformanceReport& report, bool json, const std::string&
 }  // namespace
 
 int run_conformance(int argc, char** argv) {
-  std::string compute_arg;
+  ComputeArgs compute_arg;
   std::string model_arg, compressor_arg, params = "{}", spec_arg, prompt, prompt_file, ratios_arg;
   std::vector<std::string> plugin_dirs;
   int64_t prompt_tokens = 640, draft_length = 4, new_tokens = 16;
@@ -79,7 +79,6 @@ int run_conformance(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("compressor", po::value(&compressor_arg), "plugin name (see 'vericache plugins') or path to a vc_plugin_*.so")
     ("params", po::value(&params)->default_value("{}"), "parameters as a JSON object, over the spec's own")
     ("spec", po::value(&spec_arg), "the conformance spec (default: vc_plugin_<name>.conformance.json beside the plugin)")
@@ -93,6 +92,7 @@ int run_conformance(int argc, char** argv) {
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores")
     ("json", po::bool_switch(&json), "print one JSON object");
   // clang-format on
+  add_compute_options(desc, compute_arg);
   po::variables_map vm;
   const std::string example =
       "Examples:\n  vericache conformance --compressor snapkv\n"

@@ -9,7 +9,6 @@ void add_decoding_options(po::options_description& d, DecodingOptions& o) {
   d.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&o.model), kModelOptionHelp)
-    ("compute", po::value(&o.compute)->default_value("auto"), kComputeOptionHelp)
     ("prompt,p", po::value(&o.prompt), "prompt text")
     ("prompt-file,f", po::value(&o.prompt_file), "read the prompt from a file ('-' for standard input)")
     ("system", po::value(&o.system), "system message (chat template only; default: the template's own)")
@@ -27,6 +26,7 @@ void add_decoding_options(po::options_description& d, DecodingOptions& o) {
     ("plugin-dir", po::value(&o.plugin_dirs)->composing(), "also search this folder for plugins (repeatable)")
     ("json", po::bool_switch(&o.json), "print one JSON object with the texts and metrics");
   // clang-format on
+  add_compute_options(d, o.compute);
 }
 
 std::vector<OptionRange> decoding_ranges() {

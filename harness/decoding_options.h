@@ -17,7 +17,7 @@ namespace vericache::cli {
 
 struct DecodingOptions {
   std::string model;
-  std::string compute;  // --compute (kComputeOptionHelp)
+  ComputeArgs compute;  // --compute, --kv-cache
   std::string prompt;
   std::string prompt_file;
   std::string system;

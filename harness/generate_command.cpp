@@ -162,6 +162,7 @@ int run_generate(int argc, char** argv) {
     nlohmann::json out;
     out["model"] = m.path();
     out["compute"] = compute_name(m.compute());
+    out["kv_cache"] = kv_cache_name(m);
     out["prompt_tokens"] = static_cast<int64_t>(prompt.size());
     out["chat_template"] = !o.no_chat_template;
     auto describe_result = [&](size_t i) {

@@ -334,6 +334,7 @@ int run_run(int argc, char** argv) {
     nlohmann::json out;
     out["model"] = m.path();
     out["compute"] = compute_name(m.compute());
+    out["kv_cache"] = kv_cache_name(m);
     out["compressor"] = compressor ? compressor->name() : "none";
     if (compressor) out["compressor_path"] = compressor_path;
     out["params"] = o.params;

@@ -64,7 +64,7 @@ struct NormalEquations {
 }  // namespace
 
 int run_train_kvzap(int argc, char** argv) {
-  std::string compute_arg;
+  ComputeArgs compute_arg;
   std::string model_arg, corpus = VC_DEFAULT_BENCH_TEXT, out_path;
   int64_t passages = 32, passage_tokens = 512;
   double lambda = 1.0;
@@ -76,7 +76,6 @@ int run_train_kvzap(int argc, char** argv) {
   desc.add_options()
     ("help,h", "print this help and exit")
     ("model", po::value(&model_arg), kModelOptionHelp)
-    ("compute", po::value(&compute_arg)->default_value("auto"), kComputeOptionHelp)
     ("corpus", po::value(&corpus)->default_value(corpus), "calibration text file")
     ("passages", po::value(&passages)->default_value(32), "passages taken evenly across the corpus (every 8th is held out)")
     ("passage-tokens", po::value(&passage_tokens)->default_value(512), "tokens per passage")
@@ -84,6 +83,7 @@ int run_train_kvzap(int argc, char** argv) {
     ("out,o", po::value(&out_path), "write the weights here (JSON; required)")
     ("threads", po::value(&threads)->default_value(0), "CPU threads; 0 uses all cores");
   // clang-format on
+  add_compute_options(desc, compute_arg);
   po::variables_map vm;
   const std::string example =
       "Example:\n  vericache train-kvzap --out kvzap.json\n"

@@ -263,6 +263,72 @@ TEST(Kernels, PagedAttentionReadsPrefixPagesAsThePagedCache) {
   }
 }
 
+// bfloat16 pages (KvElement::kBFloat16) are read as the floats they hold: attention over them gives
+// the bits of attention over float32 pages holding the widened values, on both head sizes, with
+// and without float prefix pages ahead, whole and in the three phases; and not the bits of the
+// unrounded floats (the rounding really happened, so the bfloat16 path was taken).
+TEST(Kernels, BFloat16PagesReadAsTheFloatsTheyHold) {
+  const int64_t heads = 6, kv_heads = 2, ps = 16, pages = 8, cached = 100, rows = 5;
+  const std::vector<int32_t> table{5, 2, 7, 0, 3, 1, 6, 4};
+  for (const int64_t hd : {64, 128}) {
+    const auto kp = random_vector(pages * kv_heads * hd * ps, 27);
+    const auto vp = random_vector(pages * kv_heads * ps * hd, 28);
+    const auto q = random_vector(rows * heads * hd, 29, 0.3f);
+    std::vector<uint16_t> kb(kp.size()), vb(vp.size());
+    std::vector<float> kw(kp.size()), vw(vp.size());  // the bfloat16 values, widened
+    for (size_t i = 0; i < kp.size(); ++i) kw[i] = bf16_to_fp32(kb[i] = fp32_to_bf16(kp[i]));
+    for (size_t i = 0; i < vp.size(); ++i) vw[i] = bf16_to_fp32(vb[i] = fp32_to_bf16(vp[i]));
+    const int64_t page_floats = kv_heads * hd * ps, prefix_pages = 2;
+    std::vector<float> pk(prefix_pages * page_floats), pv(prefix_pages * page_floats);
+    for (int64_t p = 0; p < prefix_pages; ++p) {
+      std::copy_n(kp.data() + table[p] * page_floats, page_floats, pk.data() + p * page_floats);
+      std::copy_n(vp.data() + table[p] * page_floats, page_floats, pv.data() + p * page_floats);
+    }
+    for (const KernelTable* k : tables()) {
+      for (const bool prefix : {false, true}) {
+        const std::string where = std::string(k->isa) + ", head_dim " + std::to_string(hd) + (prefix ? ", prefix" : "");
+        std::vector<float> widened(rows * heads * hd), bf16(widened.size()), phased(widened.size()), exact(widened.size());
+        auto args = [&](const std::vector<float>& kf, const std::vector<float>& vf, std::vector<float>& out) {
+          PagedAttentionArgs a = attention_args(q, out, kf, vf, table, heads, kv_heads, hd, ps, cached);
+          if (prefix) {
+            a.block_table = table.data() + prefix_pages;
+            a.prefix_k_pages = pk.data();
+            a.prefix_v_pages = pv.data();
+            a.prefix_len = prefix_pages * ps;
+          }
+          return a;
+        };
+        const PagedAttentionArgs w = args(kw, vw, widened), x = args(kp, vp, exact);
+        PagedAttentionArgs b = args(kw, vw, bf16);
+        b.k_pages = kb.data();
+        b.v_pages = vb.data();
+        b.kv_element = KvElement::kBFloat16;
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          k->attention(w, g, 0, rows);
+          k->attention(x, g, 0, rows);
+          k->attention(b, g, 0, rows);
+        }
+        EXPECT_EQ(std::memcmp(widened.data(), bf16.data(), bf16.size() * sizeof(float)), 0) << where;
+        EXPECT_NE(std::memcmp(exact.data(), bf16.data(), bf16.size() * sizeof(float)), 0) << where;
+        // The phases over one tile of the 5 rows (15 query vectors), slots in two ranges.
+        PagedAttentionArgs ph = b;
+        ph.out = phased.data();
+        const int64_t group = heads / kv_heads, count = rows * group, slots = (cached + rows + 15) / 16 * 16;
+        std::vector<float> scores(count * slots), sums(count);
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          k->attention_scores(ph, g, 0, rows, 0, 48, scores.data(), slots);
+          k->attention_scores(ph, g, 0, rows, 48, slots, scores.data(), slots);
+          for (int64_t t = 0; t < count; ++t) {
+            sums[t] = k->softmax_numerators(scores.data() + t * slots, cached + t / group + 1);
+          }
+          k->attention_values(ph, g, 0, rows, scores.data(), slots, sums.data(), 0, hd);
+        }
+        EXPECT_EQ(std::memcmp(phased.data(), bf16.data(), bf16.size() * sizeof(float)), 0) << where << ", phases";
+      }
+    }
+  }
+}
+
 // Code i of `bits` bits, LSB first (the layout's definition, read bit by bit).
 uint32_t code_at(const uint8_t* bytes, int64_t i, int bits) {
   uint32_t code = 0;

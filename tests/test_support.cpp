@@ -32,15 +32,16 @@ namespace {
 // The model at `path`, loaded on first use and kept for the process; nullptr and a failed test
 // when it cannot be loaded.
 const LlamaModel* cached_model(std::unique_ptr<LlamaModel>* model, Status* status, const std::string& path,
-                               Compute compute = Compute::kFloat32) {
+                               Compute compute = Compute::kFloat32, at::ScalarType kv_dtype = at::kFloat) {
   if (*model == nullptr && status->ok()) {
     LoadOptions options;
     options.compute = compute;
     auto loaded = LlamaModel::load(path, options);
-    if (loaded.ok()) {
-      *model = std::move(loaded).value();
-    } else {
+    if (loaded.ok()) *status = (*loaded)->set_kv_dtype(kv_dtype);
+    if (!loaded.ok()) {
       *status = loaded.status();
+    } else if (status->ok()) {
+      *model = std::move(loaded).value();
     }
   }
   if (!status->ok()) ADD_FAILURE() << "cannot load " << path << ": " << status->message();
@@ -58,7 +59,7 @@ const LlamaModel* default_model() {
 const LlamaModel* default_integer_model() {
   static std::unique_ptr<LlamaModel> model;
   static Status status;
-  return cached_model(&model, &status, default_model_path(), Compute::kInteger);
+  return cached_model(&model, &status, default_model_path(), Compute::kInteger, at::kBFloat16);
 }
 
 const LlamaModel* qwen_integer_model() {

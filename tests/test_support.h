@@ -25,6 +25,8 @@ const LlamaModel* qwen_1_5b_model();
 // The default model, loaded once per test process; nullptr (and a failed test) when unavailable.
 const LlamaModel* default_model();
 // The default model and Qwen2.5-Coder 0.5B loaded with Compute::kInteger, once per test process.
+// The default model keeps K/V in bfloat16 pages, as the CLI's `--compute auto --kv-cache auto`
+// does; Qwen's integer model keeps float32 pages (its tests compare the weight panels alone).
 const LlamaModel* default_integer_model();
 const LlamaModel* qwen_integer_model();
 // Token ids of a prompt as `vericache run` makes them: wrapped as a user message in the model's chat

@@ -155,8 +155,9 @@ Status pack_front(Compressor& compressor, const PackedFormat& format, PagePool& 
     const int64_t n_pages = n / ps;
     const std::vector<int32_t>& table = kv.block_table(l);
     const at::Tensor ids = at::tensor(std::vector<int64_t>(table.begin(), table.begin() + n_pages), at::kLong);
-    const at::Tensor k = pool.k_pages().index_select(0, ids).contiguous();
-    const at::Tensor v = pool.v_pages().index_select(0, ids).contiguous();
+    // pack() reads float32 (a bfloat16 pool's values widen exactly).
+    const at::Tensor k = pool.k_pages().index_select(0, ids).to(at::kFloat).contiguous();
+    const at::Tensor v = pool.v_pages().index_select(0, ids).to(at::kFloat).contiguous();
     at::Tensor positions = at::empty({pool.spec().n_kv_heads, n}, at::kLong);
     for (int64_t h = 0; h < pool.spec().n_kv_heads; ++h) {
       const std::vector<int64_t>& p = kv.slot_positions(l, h);

@@ -36,7 +36,13 @@ struct WeightView {
   int64_t row_bytes = 0;
 };
 
-// Paged attention over one request's cache for one layer (see kv/page_pool.h for the layout):
+// How a cache's K/V pages hold their values: float32, or bfloat16 (uint16_t bit patterns, half the
+// bytes). bfloat16 values are widened to float32 exactly as they are read, so attention over them
+// gives the same bits as over float32 pages holding the same (bfloat16-representable) values.
+enum class KvElement { kFloat32, kBFloat16 };
+
+// Paged attention over one request's cache for one layer (see kv/page_pool.h for the layout; page
+// elements are kv_element, prefix pages float32):
 //   K pages: [num_pages][n_kv_heads][head_dim][page_size]  (keys transposed within a page)
 //   V pages: [num_pages][n_kv_heads][page_size][head_dim]
 // The request's new rows are already written at slots cached_len, cached_len + 1, ...;
@@ -52,8 +58,9 @@ struct PagedAttentionArgs {
   int64_t q_row_stride = 0;
   float* out = nullptr;          // [rows][n_heads][head_dim], row stride out_row_stride
   int64_t out_row_stride = 0;
-  const float* k_pages = nullptr;
-  const float* v_pages = nullptr;
+  const void* k_pages = nullptr;  // elements of kv_element
+  const void* v_pages = nullptr;
+  KvElement kv_element = KvElement::kFloat32;
   const int32_t* block_table = nullptr;  // logical page -> physical page
   int64_t page_size = 0;                 // a multiple of 16
   int64_t n_heads = 0;

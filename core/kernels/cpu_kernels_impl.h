@@ -321,17 +321,17 @@ inline void silu_mul(const float* gate, const float* up, int64_t n, float* out) 
 // ordered 16-lane sum; out = (sum_j e_j v_j in slot order) / sum. Only the row's own length
 // enters, so neither the number of rows nor the tiling changes a bit.
 
-// Where slot `slot` lives: its page (a prefix page, or one of the paged cache through the block
-// table) and its offset in that page; `prefix` tells which storage the page indexes.
+// Where slot `slot` lives: its page and its offset in that page. Slots below prefix_len are in the
+// prefix pages (in order), the others in the cache's pages through the block table; each caller
+// knows which storage it indexes.
 struct SlotPlace {
-  bool prefix;
   int64_t page;
   int64_t offset;
 };
 inline SlotPlace place_of(const PagedAttentionArgs& a, int64_t slot) {
-  if (slot < a.prefix_len) return {true, slot / a.page_size, slot % a.page_size};
+  if (slot < a.prefix_len) return {slot / a.page_size, slot % a.page_size};
   slot -= a.prefix_len;
-  return {false, a.block_table[slot / a.page_size], slot % a.page_size};
+  return {a.block_table[slot / a.page_size], slot % a.page_size};
 }
 
 // Packed slots read in place (PagedAttentionArgs::packed_layout), dequantized as unpack() does:
@@ -443,45 +443,44 @@ void decode_values(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot, f
   }
 }
 
-// The keys of the 16 slots from `slot` (a multiple of 16) in float pages, channel-major: channel
-// c's 16 values at keys + c * stride.
-struct KeyBlock {
-  const float* keys;
-  int64_t stride;
-};
-template <int HD>
-inline KeyBlock key_block(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot) {
-  const SlotPlace p = place_of(a, slot);
-  return {(p.prefix ? a.prefix_k_pages : a.k_pages) + ((p.page * a.n_kv_heads + kv_head) * HD) * a.page_size + p.offset,
-          a.page_size};
+// The cache's page elements as Vec16 of floats: float32 as stored, bfloat16 widened exactly.
+inline Vec16 load_kv(const float* p) { return simd::load(p); }
+inline Vec16 load_kv(const uint16_t* p) { return simd::load_bf16(p); }
+
+// The keys of the 16 slots from a multiple of 16 at `p` in `pages` (float prefix pages, or the
+// cache's pages of E), channel-major: channel c's 16 values at the result + c * page_size.
+template <int HD, typename E>
+inline const E* key_block(const E* pages, const PagedAttentionArgs& a, int64_t kv_head, SlotPlace p) {
+  return pages + ((p.page * a.n_kv_heads + kv_head) * HD) * a.page_size + p.offset;
 }
 
-// The values of the 16 slots from `slot` (a multiple of 16): slot slot + t at rows + t * HD.
-// Packed slots read in place are dequantized into `scratch` ([16][HD]).
+// The values of the 16 slots from a multiple of 16 at `p` in `pages`: slot t at the result + t * HD.
+template <int HD, typename E>
+inline const E* value_rows(const E* pages, const PagedAttentionArgs& a, int64_t kv_head, SlotPlace p) {
+  return pages + ((p.page * a.n_kv_heads + kv_head) * a.page_size + p.offset) * HD;
+}
+
+// Packed slots read in place, dequantized into `scratch` ([16][HD]): the 16 slots from `slot`.
 template <int HD>
-inline const float* value_block(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot, float* scratch) {
-  if (slot < a.prefix_len && a.packed_layout != nullptr) {
-    switch (a.packed_layout->bits) {
-      case 2: decode_values<HD, 2>(a, kv_head, slot, scratch); break;
-      case 3: decode_values<HD, 3>(a, kv_head, slot, scratch); break;
-      case 4: decode_values<HD, 4>(a, kv_head, slot, scratch); break;
-      default: decode_values<HD, 8>(a, kv_head, slot, scratch); break;
-    }
-    return scratch;
+inline const float* packed_value_rows(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot, float* scratch) {
+  switch (a.packed_layout->bits) {
+    case 2: decode_values<HD, 2>(a, kv_head, slot, scratch); break;
+    case 3: decode_values<HD, 3>(a, kv_head, slot, scratch); break;
+    case 4: decode_values<HD, 4>(a, kv_head, slot, scratch); break;
+    default: decode_values<HD, 8>(a, kv_head, slot, scratch); break;
   }
-  const SlotPlace p = place_of(a, slot);
-  return (p.prefix ? a.prefix_v_pages : a.v_pages) + ((p.page * a.n_kv_heads + kv_head) * a.page_size + p.offset) * HD;
+  return scratch;
 }
 
 // Scores of T query vectors for the 16 slots from s0 whose keys are channel-major at
 // keys + c * stride: one chain of fused multiply-adds over the channels in order per slot.
-template <int HD, int T>
-inline void block_scores(const float* keys, int64_t stride, const float* const* q, Vec16 vscale, int64_t s0,
+template <int HD, int T, typename E>
+inline void block_scores(const E* keys, int64_t stride, const float* const* q, Vec16 vscale, int64_t s0,
                          float* const* scores) {
   Vec16 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = simd::zero();
   for (int d = 0; d < HD; ++d) {
-    const Vec16 kv = simd::load(keys + d * stride);
+    const Vec16 kv = load_kv(keys + d * stride);
     for (int t = 0; t < T; ++t) acc[t] = simd::fma(simd::set1(q[t][d]), kv, acc[t]);
   }
   for (int t = 0; t < T; ++t) simd::store(scores[t] + s0, simd::mul(acc[t], vscale));
@@ -498,33 +497,52 @@ void packed_scores(const PagedAttentionArgs& a, int64_t kv_head, const float* co
   }
 }
 
-// Scores for T query vectors (rows x heads of one KV head) over slots [slot0, slot1) (multiples of
-// 16), in blocks of 16 slots; a block never straddles pages because page_size is a multiple of 16.
-// Each score is its own chain over the channels, so any split of the slots gives the same bits.
-template <int HD, int T>
-void attention_scores(const PagedAttentionArgs& a, int64_t kv_head, const float* const* q, int64_t slot0,
-                      int64_t slot1, float* const* scores) {
-  const Vec16 vscale = simd::set1(a.scale);
-  int64_t s0 = slot0;
-  if (a.packed_layout != nullptr && s0 < a.prefix_len) {
-    const int64_t end = std::min(slot1, a.prefix_len);
-    switch (a.packed_layout->bits) {
-      case 2: packed_scores<HD, T, 2>(a, kv_head, q, vscale, s0, end, scores); break;
-      case 3: packed_scores<HD, T, 3>(a, kv_head, q, vscale, s0, end, scores); break;
-      case 4: packed_scores<HD, T, 4>(a, kv_head, q, vscale, s0, end, scores); break;
-      default: packed_scores<HD, T, 8>(a, kv_head, q, vscale, s0, end, scores); break;
-    }
-    s0 = end;
-  }
-  for (; s0 < slot1; s0 += simd::kLanes) {
+// Scores over slots [slot0, slot1) that all live in `pages` (the float prefix pages, or the cache's).
+template <int HD, int T, typename E>
+void page_scores(const PagedAttentionArgs& a, const E* pages, int64_t kv_head, const float* const* q, Vec16 vscale,
+                 int64_t slot0, int64_t slot1, float* const* scores) {
+  for (int64_t s0 = slot0; s0 < slot1; s0 += simd::kLanes) {
     if (const int64_t ahead = s0 + kPrefetchSlots; ahead < slot1) {
       // Each block of 16 slots starts a page of its own (page_size 16): too short a run for the
       // hardware prefetcher, so ask for the block this far ahead (no effect on any result).
-      const KeyBlock next = key_block<HD>(a, kv_head, ahead);
-      for (int c = 0; c < HD; ++c) __builtin_prefetch(next.keys + c * next.stride);
+      const E* next = key_block<HD>(pages, a, kv_head, place_of(a, ahead));
+      for (int c = 0; c < HD; ++c) __builtin_prefetch(next + c * a.page_size);
     }
-    const KeyBlock kb = key_block<HD>(a, kv_head, s0);
-    block_scores<HD, T>(kb.keys, kb.stride, q, vscale, s0, scores);
+    block_scores<HD, T>(key_block<HD>(pages, a, kv_head, place_of(a, s0)), a.page_size, q, vscale, s0, scores);
+  }
+}
+
+// Scores for T query vectors (rows x heads of one KV head) over slots [slot0, slot1) (multiples of
+// 16), in blocks of 16 slots; a block never straddles pages because page_size is a multiple of 16.
+// Each score is its own chain over the channels, so any split of the slots gives the same bits.
+template <int HD, int T, typename E>
+void attention_scores_of(const PagedAttentionArgs& a, int64_t kv_head, const float* const* q, int64_t slot0,
+                         int64_t slot1, float* const* scores) {
+  const Vec16 vscale = simd::set1(a.scale);
+  int64_t s0 = slot0;
+  if (const int64_t end = std::min(slot1, a.prefix_len); s0 < end) {
+    if (a.packed_layout == nullptr) {
+      page_scores<HD, T>(a, a.prefix_k_pages, kv_head, q, vscale, s0, end, scores);
+    } else {
+      switch (a.packed_layout->bits) {
+        case 2: packed_scores<HD, T, 2>(a, kv_head, q, vscale, s0, end, scores); break;
+        case 3: packed_scores<HD, T, 3>(a, kv_head, q, vscale, s0, end, scores); break;
+        case 4: packed_scores<HD, T, 4>(a, kv_head, q, vscale, s0, end, scores); break;
+        default: packed_scores<HD, T, 8>(a, kv_head, q, vscale, s0, end, scores); break;
+      }
+    }
+    s0 = end;
+  }
+  if (s0 < slot1) page_scores<HD, T>(a, static_cast<const E*>(a.k_pages), kv_head, q, vscale, s0, slot1, scores);
+}
+
+template <int HD, int T>
+void attention_scores(const PagedAttentionArgs& a, int64_t kv_head, const float* const* q, int64_t slot0,
+                      int64_t slot1, float* const* scores) {
+  if (a.kv_element == KvElement::kBFloat16) {
+    attention_scores_of<HD, T, uint16_t>(a, kv_head, q, slot0, slot1, scores);
+  } else {
+    attention_scores_of<HD, T, float>(a, kv_head, q, slot0, slot1, scores);
   }
 }
 
@@ -546,39 +564,71 @@ inline float softmax_numerators(float* scores, int64_t len) {
   });
 }
 
+// acc[t] += e_t[j0 + j] * v_j for the n slots whose value rows are at rows + j * HD, channels
+// [c0, c0 + 16 * kVecs): slot by slot in order, one fused multiply-add per channel.
+template <int HD, int NQ, int kVecs, typename E>
+inline void accumulate_values(const E* rows, int64_t n, const float* const* e, int64_t j0, int64_t c0,
+                              Vec16 (&acc)[NQ][kVecs]) {
+  for (int64_t j = 0; j < n; ++j) {
+    Vec16 vv[kVecs];
+    for (int v = 0; v < kVecs; ++v) vv[v] = load_kv(rows + j * HD + c0 + v * simd::kLanes);
+    for (int t = 0; t < NQ; ++t) {
+      const Vec16 w = simd::set1(e[t][j0 + j]);
+      for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::fma(w, vv[v], acc[t][v]);
+    }
+  }
+}
+
+// The lines of one call's channels of the 16 value rows at `rows` (a block this far ahead).
+template <int HD, int kVecs, typename E>
+inline void prefetch_value_rows(const E* rows, int64_t c0) {
+  for (int t = 0; t < simd::kLanes; ++t) {
+    prefetch(reinterpret_cast<const uint8_t*>(rows + t * HD + c0), kVecs * simd::kLanes * sizeof(E));
+  }
+}
+
 // out_t = (sum_j e_t[j] v_j) / sum_t for NQ query vectors of one row (same length), channels
 // [c0, c0 + 16 * kVecs): every channel is its own chain over the slots, so any split of the
 // channels gives the same bits.
-template <int HD, int NQ, int kVecs = HD / simd::kLanes>
-void attention_values(const PagedAttentionArgs& a, int64_t kv_head, int64_t len, const float* const* e,
-                      const float* sums, float* const* out, int64_t c0 = 0) {
+template <int HD, int NQ, int kVecs, typename E>
+void attention_values_of(const PagedAttentionArgs& a, int64_t kv_head, int64_t len, const float* const* e,
+                         const float* sums, float* const* out, int64_t c0) {
   Vec16 acc[NQ][kVecs];
   for (int t = 0; t < NQ; ++t)
     for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::zero();
   alignas(64) float scratch[simd::kLanes * HD];
+  const E* pages = static_cast<const E*>(a.v_pages);
   for (int64_t j0 = 0; j0 < len; j0 += simd::kLanes) {
-    if (const int64_t ahead = j0 + kPrefetchSlots; ahead < len && (ahead >= a.prefix_len || a.packed_layout == nullptr)) {
-      const SlotPlace p = place_of(a, ahead);  // float pages: the block this far ahead, as for keys
-      const float* next = (p.prefix ? a.prefix_v_pages : a.v_pages) +
-                          ((p.page * a.n_kv_heads + kv_head) * a.page_size + p.offset) * HD;
-      for (int t = 0; t < simd::kLanes; ++t) {  // the lines of this call's channels
-        prefetch(reinterpret_cast<const uint8_t*>(next + t * HD + c0), kVecs * simd::kLanes * 4);
+    if (const int64_t ahead = j0 + kPrefetchSlots; ahead < len) {  // as for keys; packed slots excepted
+      if (ahead >= a.prefix_len) {
+        prefetch_value_rows<HD, kVecs>(value_rows<HD>(pages, a, kv_head, place_of(a, ahead)), c0);
+      } else if (a.packed_layout == nullptr) {
+        prefetch_value_rows<HD, kVecs>(value_rows<HD>(a.prefix_v_pages, a, kv_head, place_of(a, ahead)), c0);
       }
     }
-    const float* rows = value_block<HD>(a, kv_head, j0, scratch);
     const int64_t n = std::min<int64_t>(simd::kLanes, len - j0);
-    for (int64_t j = 0; j < n; ++j) {
-      Vec16 vv[kVecs];
-      for (int v = 0; v < kVecs; ++v) vv[v] = simd::load(rows + j * HD + c0 + v * simd::kLanes);
-      for (int t = 0; t < NQ; ++t) {
-        const Vec16 w = simd::set1(e[t][j0 + j]);
-        for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::fma(w, vv[v], acc[t][v]);
-      }
+    if (j0 >= a.prefix_len) {
+      accumulate_values<HD, NQ, kVecs>(value_rows<HD>(pages, a, kv_head, place_of(a, j0)), n, e, j0, c0, acc);
+    } else if (a.packed_layout == nullptr) {
+      accumulate_values<HD, NQ, kVecs>(value_rows<HD>(a.prefix_v_pages, a, kv_head, place_of(a, j0)), n, e, j0, c0,
+                                       acc);
+    } else {
+      accumulate_values<HD, NQ, kVecs>(packed_value_rows<HD>(a, kv_head, j0, scratch), n, e, j0, c0, acc);
     }
   }
   for (int t = 0; t < NQ; ++t) {
     const Vec16 s = simd::set1(sums[t]);
     for (int v = 0; v < kVecs; ++v) simd::store(out[t] + c0 + v * simd::kLanes, simd::div(acc[t][v], s));
+  }
+}
+
+template <int HD, int NQ, int kVecs = HD / simd::kLanes>
+void attention_values(const PagedAttentionArgs& a, int64_t kv_head, int64_t len, const float* const* e,
+                      const float* sums, float* const* out, int64_t c0 = 0) {
+  if (a.kv_element == KvElement::kBFloat16) {
+    attention_values_of<HD, NQ, kVecs, uint16_t>(a, kv_head, len, e, sums, out, c0);
+  } else {
+    attention_values_of<HD, NQ, kVecs, float>(a, kv_head, len, e, sums, out, c0);
   }
 }
 

@@ -10,6 +10,7 @@
 #include "model/cpu_attention.h"
 #include "model/llama_model.h"
 #include "util/check.h"
+#include "util/half.h"
 #include "util/thread_pool.h"
 
 namespace vericache {
@@ -138,11 +139,14 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
   const float* cos_table = rope_cos_.data_ptr<float>();
   const float* sin_table = rope_sin_.data_ptr<float>();
   // Each item's cache lives in its own pool (compressed, full host store, transient pages).
-  std::vector<float*> k_pages(batch.size()), v_pages(batch.size());
+  std::vector<void*> k_pages(batch.size()), v_pages(batch.size());
+  std::vector<cpu::KvElement> kv_element(batch.size());
   std::vector<int64_t> page_size(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
-    k_pages[i] = batch[i].pool->k_pages().data_ptr<float>();
-    v_pages[i] = batch[i].pool->v_pages().data_ptr<float>();
+    k_pages[i] = batch[i].pool->k_pages().data_ptr();
+    v_pages[i] = batch[i].pool->v_pages().data_ptr();
+    kv_element[i] = batch[i].pool->k_pages().scalar_type() == at::kBFloat16 ? cpu::KvElement::kBFloat16
+                                                                           : cpu::KvElement::kFloat32;
     page_size[i] = batch[i].pool->spec().page_size;
   }
 
@@ -229,9 +233,17 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
         for (int64_t g = 0; g < nkv; ++g) {
           const float* kr = row + q_width + g * hd;
           const float* vr = row + q_width + nkv * hd + g * hd;
-          float* kp = k_pages[i] + ((page * nkv + g) * hd) * ps + off;
-          for (int64_t e = 0; e < hd; ++e) kp[e * ps] = kr[e];
-          std::copy_n(vr, hd, v_pages[i] + ((page * nkv + g) * ps + off) * hd);
+          const int64_t k_at = ((page * nkv + g) * hd) * ps + off, v_at = ((page * nkv + g) * ps + off) * hd;
+          if (kv_element[i] == cpu::KvElement::kBFloat16) {  // rounded to nearest even, as torch's .to(bfloat16)
+            auto* kp = static_cast<uint16_t*>(k_pages[i]) + k_at;
+            auto* vp = static_cast<uint16_t*>(v_pages[i]) + v_at;
+            for (int64_t e = 0; e < hd; ++e) kp[e * ps] = fp32_to_bf16(kr[e]);
+            for (int64_t e = 0; e < hd; ++e) vp[e] = fp32_to_bf16(vr[e]);
+          } else {
+            float* kp = static_cast<float*>(k_pages[i]) + k_at;
+            for (int64_t e = 0; e < hd; ++e) kp[e * ps] = kr[e];
+            std::copy_n(vr, hd, static_cast<float*>(v_pages[i]) + v_at);
+          }
         }
       }
     }
@@ -247,6 +259,7 @@ Status LlamaModel::forward_cpu(std::span<const ForwardItem> batch, const std::ve
       a.out_row_stride = q_width;
       a.k_pages = k_pages[job.item];
       a.v_pages = v_pages[job.item];
+      a.kv_element = kv_element[job.item];
       a.block_table = kv.block_table(l).data();
       a.page_size = page_size[job.item];
       a.n_heads = nh;

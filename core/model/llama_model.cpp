@@ -95,6 +95,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& path, co
   std::unique_ptr<LlamaModel> model(new LlamaModel());
   model->file_path_ = path;
   model->options_ = options;
+  model->kv_dtype_ = options.dtype;
   model->path_ = options.device.is_cpu() ? ForwardPath::kCpuKernels : ForwardPath::kTorch;
   VC_ASSIGN_OR_RETURN(model->config_, LlamaConfig::from_gguf(file));
   VC_ASSIGN_OR_RETURN(model->tokenizer_, Tokenizer::from_gguf(file));
@@ -135,6 +136,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::with_random_weights(const std::s
   std::unique_ptr<LlamaModel> model(new LlamaModel());
   model->file_path_ = "random-weights:" + named.name;
   model->options_ = options;
+  model->kv_dtype_ = options.dtype;
   model->path_ = options.device.is_cpu() ? ForwardPath::kCpuKernels : ForwardPath::kTorch;
   model->config_ = named.config;
   model->tied_embeddings_ = named.tied_embeddings;
@@ -457,8 +459,24 @@ Status LlamaModel::set_forward_path(ForwardPath path) {
   if (path == ForwardPath::kTorch && any_in_blocks) {
     return Status::invalid_argument("the torch forward needs float weights: load with quantized_weights = false");
   }
+  if (path == ForwardPath::kTorch && kv_dtype_ != options_.dtype) {
+    return Status::invalid_argument("the torch forward keeps K/V in the model dtype: set_kv_dtype(" +
+                                    std::string(c10::toString(options_.dtype)) + ") first");
+  }
   path_ = path;
   return Status();
+}
+
+Status LlamaModel::set_kv_dtype(at::ScalarType dtype) {
+  if (dtype == options_.dtype || (path_ == ForwardPath::kCpuKernels && dtype == at::kBFloat16)) {
+    kv_dtype_ = dtype;
+    return Status();
+  }
+  return Status::invalid_argument(std::string("a KV cache of ") + c10::toString(dtype) +
+                                  (path_ == ForwardPath::kCpuKernels
+                                       ? ": the CPU kernels keep K/V in float32 or bfloat16"
+                                       : ": the torch forward keeps K/V in the model dtype, " +
+                                             std::string(c10::toString(options_.dtype))));
 }
 
 Result<ChatTemplate> LlamaModel::chat_template() const {
@@ -471,7 +489,7 @@ KvPageSpec LlamaModel::kv_page_spec(int64_t page_size) const {
 }
 
 Result<PagePool> LlamaModel::make_page_pool(int64_t page_size, int64_t num_pages) const {
-  return PagePool::create(kv_page_spec(page_size), num_pages, options_.dtype, options_.device);
+  return PagePool::create(kv_page_spec(page_size), num_pages, kv_dtype_, options_.device);
 }
 
 Status LlamaModel::validate_pool(const PagePool& pool) const {
@@ -482,8 +500,9 @@ Status LlamaModel::validate_pool(const PagePool& pool) const {
   const at::Device pool_device = pool.k_pages().device();
   const bool same_device = pool_device.type() == options_.device.type() &&
                            (!options_.device.has_index() || pool_device.index() == options_.device.index());
-  if (pool.k_pages().scalar_type() != options_.dtype || !same_device) {
-    return Status::invalid_argument("forward: the KV page pool is not on the model's device and dtype");
+  if (pool.k_pages().scalar_type() != kv_dtype_ || !same_device) {
+    return Status::invalid_argument(std::string("forward: the KV page pool is not on the model's device in its KV dtype (") +
+                                    c10::toString(kv_dtype_) + ")");
   }
   return Status();
 }

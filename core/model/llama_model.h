@@ -153,10 +153,19 @@ class LlamaModel {
   Result<ChatTemplate> chat_template() const;
 
   KvPageSpec kv_page_spec(int64_t page_size) const;
-  // A pool for this model's KV, on the model's device in the model's dtype.
+  // A pool for this model's KV, on the model's device in kv_dtype().
   Result<PagePool> make_page_pool(int64_t page_size, int64_t num_pages) const;
   at::Device device() const { return options_.device; }
   at::ScalarType dtype() const { return options_.dtype; }
+  // The element type of the KV pages forwards read and write: the model dtype unless set_kv_dtype
+  // chose otherwise. Every pool handed to forward() must have it.
+  at::ScalarType kv_dtype() const { return kv_dtype_; }
+  // The CPU kernels keep K/V in float32 pages or in bfloat16 pages (half the bytes: K and V are
+  // rounded to nearest even as they are written, and widened exactly as attention reads them, so
+  // the forward stays row-count invariant and bitwise equal across kernel builds). Other paths keep
+  // the model dtype. InvalidArgument for another choice. Pools made before keep their dtype (and
+  // forward() refuses them); not while a forward runs.
+  Status set_kv_dtype(at::ScalarType dtype);
 
   // Runs one forward over `batch`. `logits` receives [rows, vocab] float32, the rows of the items
   // in batch order (per item: none, its last token, or all its tokens).
@@ -190,7 +199,7 @@ class LlamaModel {
   Status set_compute(Compute compute);
   ForwardPath forward_path() const { return path_; }
   // kCpuKernels needs a float32 CPU model; kTorch needs float weights (on the CPU: loaded with
-  // quantized_weights = false). InvalidArgument otherwise.
+  // quantized_weights = false) and K/V in the model dtype. InvalidArgument otherwise.
   Status set_forward_path(ForwardPath path);
 
  private:
@@ -267,6 +276,7 @@ class LlamaModel {
   const cpu::KernelTable* kernels_ = nullptr;
   const cpu::IntKernelTable* int_kernels_ = nullptr;
   Compute compute_ = Compute::kFloat32;
+  at::ScalarType kv_dtype_ = at::kFloat;
   // y = x w^T for `rows` rows of x (row stride ldx) in the current compute mode, over the thread pool.
   void parallel_linear(const float* x, int64_t ldx, int64_t rows, const Weight& w, float* y, int64_t ldy) const;
   // The bytes a decode step reads of a matrix in the current compute mode.
