@@ -2,7 +2,7 @@
 // quantized caches, with the attention part of the step timed apart (unpack + attention kernels,
 // ForwardTimes). The quantizer issue's speed check: reading a fraction of the bytes must show.
 //
-// One prompt is cut from the text and prefilled once (full KV, float32); each of the B requests gets
+// One prompt is cut from the text and prefilled once (full KV, in the --kv-cache pages); each of the B requests gets
 // its own copy of that cache (separate pages, so no request reads another's bytes from a warm cache).
 // A quantizer packs each copy's whole blocks (pack_front, as the engine does after a prefill); a
 // quantizer whose pages are in a standard layout is measured twice, read in place by the fused
@@ -128,7 +128,7 @@ int run_bench_attention(int argc, char** argv) {
   int threads = 0;
   bool json = false;
   po::options_description desc(
-      "vericache bench-attention: a decode step at a long context on the float32 cache and on quantized\n"
+      "vericache bench-attention: a decode step at a long context on the float cache (--kv-cache) and on quantized\n"
       "caches, the attention part of the step (unpack + attention kernels) timed apart (CPU kernels).\n\n"
       "One prompt of --context tokens is prefilled once; each of the --batch requests decodes its own\n"
       "copy of that cache. A quantizer packs each copy's whole blocks; one whose pages are in a standard\n"
@@ -169,7 +169,7 @@ int run_bench_attention(int argc, char** argv) {
   auto pool = m.make_page_pool(page_size, batch * layers * ((context + steps) / page_size + 2));
   if (!base_pool.ok() || !pool.ok()) return report_error(base_pool.ok() ? pool.status() : base_pool.status());
 
-  std::vector<Config> configs{{"float32", nullptr, {}}};
+  std::vector<Config> configs{{kv_cache_name(m), nullptr, {}}};
   for (const std::string& arg : quantizer_args) {
     const size_t eq = arg.find('=');
     const std::string name = arg.substr(0, eq), params = eq == std::string::npos ? "{}" : arg.substr(eq + 1);
@@ -210,7 +210,7 @@ int run_bench_attention(int argc, char** argv) {
   std::fprintf(stderr, "[bench-attention] prefill %.1f s\n", now_seconds() - t0);
 
   if (!json) {
-    std::printf("| cache | resident KV / request (MiB) | of float32 | step ms | attention ms | attention GB/s read | "
+    std::printf("| cache | resident KV / request (MiB) | of the float cache | step ms | attention ms | attention GB/s read | "
                 "attention speedup | step speedup |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
   }
   std::optional<Measured> float_run;

@@ -346,8 +346,9 @@ TEST(Cli, CalibrateKvquantWritesRangesAndDatatypes) {
 
 // Quantizers in `compress` and `generate`: the prompt's whole blocks are packed (KIVI 4 bits,
 // G = 32, residual 32: a packed slot is 2 * 192 * 4 / 8 code bytes + 2 * 6 * 4 group bytes = 240
-// bytes per layer against 1,536 float32), the rest stays float, and resident bytes are exactly
-// that; decoding on the packed cache alone generates; --ratio is refused for a quantizer.
+// bytes per layer against 768 in the default bfloat16 pages, 1,536 in float32 ones), the rest stays
+// in float pages, and resident bytes are exactly that; decoding on the packed cache alone
+// generates; --ratio is refused for a quantizer.
 TEST(Cli, CompressAndGenerateRunQuantizers) {
   const std::string prompt = testing::temp_dir() + "/quantizer_prompt.txt";
   std::ofstream(prompt) << testing::read_file(testing::source_path("datasets/tokenizer_corpus/corpus.txt")).substr(0, 2000);
@@ -357,8 +358,8 @@ TEST(Cli, CompressAndGenerateRunQuantizers) {
   const int64_t n = packed["prompt_tokens"], layers = 30;
   EXPECT_EQ(packed["bits"], 4);
   EXPECT_EQ(packed["packed_slots"].get<int64_t>(), n / 32 * 32);
-  EXPECT_EQ(packed["full_kv_bytes"].get<int64_t>(), layers * n * 1536);
-  EXPECT_EQ(packed["resident_kv_bytes"].get<int64_t>(), layers * ((n / 32 * 32) * 240 + (n % 32) * 1536));
+  EXPECT_EQ(packed["full_kv_bytes"].get<int64_t>(), layers * n * 768);
+  EXPECT_EQ(packed["resident_kv_bytes"].get<int64_t>(), layers * ((n / 32 * 32) * 240 + (n % 32) * 768));
 
   const CliRun g = run_vericache("generate --compressor kivi --params '{\"bits\": 4}' -n 8 --ignore-eos --json -f " + prompt);
   ASSERT_EQ(g.exit_code, 0) << g.err;
@@ -367,7 +368,13 @@ TEST(Cli, CompressAndGenerateRunQuantizers) {
   // Prompt + 7 decoded tokens per layer, every one kept; packed up to the last whole block.
   const int64_t total = n + 7;
   EXPECT_EQ(out["resident_kv_slots"].get<int64_t>(), total * layers);
-  EXPECT_EQ(out["resident_kv_bytes"].get<int64_t>(), layers * ((total / 32 * 32) * 240 + (total % 32) * 1536));
+  EXPECT_EQ(out["resident_kv_bytes"].get<int64_t>(), layers * ((total / 32 * 32) * 240 + (total % 32) * 768));
+  // float32 pages: the residual and the full cache at 1,536 bytes a slot.
+  const CliRun f = run_vericache("compress --compressor kivi --params '{\"bits\": 4}' --kv-cache float32 --json -f " + prompt);
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  const auto packed_f32 = nlohmann::json::parse(f.out);
+  EXPECT_EQ(packed_f32["full_kv_bytes"].get<int64_t>(), layers * n * 1536);
+  EXPECT_EQ(packed_f32["resident_kv_bytes"].get<int64_t>(), layers * ((n / 32 * 32) * 240 + (n % 32) * 1536));
 
   for (const std::string command : {"generate -n 4", "compress", "run -n 4"}) {
     const CliRun r = run_vericache(command + " --compressor kivi -c 0.5 -p hello");
@@ -379,9 +386,10 @@ TEST(Cli, CompressAndGenerateRunQuantizers) {
   }
 }
 
-// bench-attention: one row per cache (float32, KIVI in place, KIVI through unpack()), the float row
-// the reference of the speedups, the packed rows at KIVI's bit math (4 bits + 2 float16 per group of
-// 32 keys and of 32 values: 5/32 of float32) plus the float residual of the new tokens.
+// bench-attention: one row per cache (the float cache, KIVI in place, KIVI through unpack()), the
+// float row the reference of the speedups, the packed rows at KIVI's bit math (4 bits + 2 float16
+// per group of 32 keys and of 32 values: 5/32 of float32, 10/32 of bfloat16 pages, the default
+// with integer compute) plus the float residual of the new tokens.
 TEST(Cli, BenchAttentionMeasuresFloatAndKiviBothWays) {
   const CliRun r = run_vericache("bench-attention --json --context 256 --batch 2 --steps 2 --quantizer 'kivi={\"bits\": 4}'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -389,14 +397,15 @@ TEST(Cli, BenchAttentionMeasuresFloatAndKiviBothWays) {
   std::istringstream lines(r.out);
   for (std::string line; std::getline(lines, line);) rows.push_back(nlohmann::json::parse(line));
   ASSERT_EQ(rows.size(), 3u) << r.out;
-  EXPECT_EQ(rows[0]["cache"], "float32");
+  EXPECT_EQ(rows[0]["cache"], "bfloat16");
+  EXPECT_EQ(rows[0]["kv_cache"], "bfloat16");
   EXPECT_EQ(rows[1]["cache"], "kivi 4-bit in place");
   EXPECT_EQ(rows[2]["cache"], "kivi 4-bit unpack()");
   EXPECT_DOUBLE_EQ(rows[0]["attention_speedup"].get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(rows[0]["resident_fraction"].get<double>(), 1.0);
   for (int i : {1, 2}) {
     EXPECT_EQ(rows[i]["bits"], 4);
-    EXPECT_DOUBLE_EQ(rows[i]["resident_fraction"].get<double>(), 5.0 / 32.0) << rows[i].dump();
+    EXPECT_DOUBLE_EQ(rows[i]["resident_fraction"].get<double>(), 10.0 / 32.0) << rows[i].dump();
     EXPECT_GT(rows[i]["attention_ms"].get<double>(), 0.0);
   }
   const CliRun dropper = run_vericache("bench-attention --context 256 --quantizer snapkv");

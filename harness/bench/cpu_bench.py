@@ -23,7 +23,7 @@ built on Intel dies with SIGILL on AMD: add --no-cache-dir --force-reinstall whe
 Writes results/bench_cpu_smollm2.md and .json (or --out PREFIX). Usage, from the repository root:
   .venv/bin/pip install gguf==0.19.0 (and llama-cpp-python as above; it builds llama.cpp, ~11 min)
   .venv/bin/python harness/bench/cpu_bench.py [--contexts 512,2048,8160] [--batches 1,8] [--decode-tokens 32]
-      [--compute auto|float32|integer] [--files packaged,f32]
+      [--compute auto|float32|integer] [--kv-cache auto|float32|bfloat16] [--files packaged,f32]
 """
 import argparse
 import ctypes
@@ -83,10 +83,10 @@ def make_f32_copy(src, dst):
     os.replace(dst + ".tmp", dst)
 
 
-def run_vericache(model, context, batch, decode_tokens, threads, text_file, compute):
+def run_vericache(model, context, batch, decode_tokens, threads, text_file, compute, kv_cache):
     cmd = [VERICACHE, "bench", "--model", model, "--contexts", str(context), "--batches", str(batch),
            "--decode-tokens", str(decode_tokens), "--threads", str(threads), "--text-file", text_file,
-           "--compute", compute, "--json"]
+           "--compute", compute, "--kv-cache", kv_cache, "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -165,14 +165,15 @@ class LlamaCpp:
 # What each side computes, by VeriCache's compute mode (`vericache bench --compute`).
 COMPUTE_NOTES = {
     "float32": [
-        "- VeriCache (compute float32) computes in float32 with an f32 KV cache; quantized weights stay in their",
+        "- VeriCache (compute float32) computes in float32 (with the K/V column's cache); quantized weights stay in their",
         "  blocks and are dequantized on the fly into exactly the floats of a load-time dequantization (matching",
         "  transformers bit for bit; a Q, K, V stack whose parts differ in type is held in float32).",
     ],
     "integer": [
         "- VeriCache (compute integer) quantizes each activation row to 8-bit blocks of 32 and multiplies them by",
-        "  the weights' own codes with integer dot products (AVX-512 VNNI where present), f32 KV cache and float32",
-        "  attention; a file with no quantized matrices (the F32 copy) computes in float32.",
+        "  the weights' own codes with integer dot products (AVX-512 VNNI where present); float32 attention over",
+        "  the K/V column's cache (bfloat16 pages are widened exactly as they are read); a file with no quantized",
+        "  matrices (the F32 copy) computes in float32.",
     ],
 }
 LLAMA_CPP_NOTE = [
@@ -194,6 +195,8 @@ def main():
                          "the tokenizer corpus (licence texts the model has memorized)")
     ap.add_argument("--compute", choices=["auto", "float32", "integer"], default="auto",
                     help="VeriCache's arithmetic (vericache bench --compute); auto: integer for quantized files")
+    ap.add_argument("--kv-cache", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="VeriCache's KV cache pages (vericache bench --kv-cache); auto: bfloat16 with integer compute")
     ap.add_argument("--files", default="packaged,f32",
                     help="smollm2-135m only: which of its files to run, comma-separated (packaged: the Q4_1 file; "
                          "f32: an F32 copy made from it, equal precision with compute float32)")
@@ -233,7 +236,8 @@ def main():
             for batch in batches:
                 prompts = [corpus[i * context:(i + 1) * context] for i in range(batch)]
                 log(f"{label}: context {context}, batch {batch}: vericache")
-                ours = run_vericache(path, context, batch, args.decode_tokens, args.threads, text_file, args.compute)
+                ours = run_vericache(path, context, batch, args.decode_tokens, args.threads, text_file, args.compute,
+                                     args.kv_cache)
                 log(f"{label}: context {context}, batch {batch}: llama.cpp")
                 theirs = peer.bench(prompts, args.decode_tokens, kv_type)
                 rows.append({"file": label, "context": context, "batch": batch, "vericache": ours, "llama_cpp": theirs})
@@ -258,12 +262,12 @@ def main():
     ] + [n for c in sorted({r["vericache"]["compute"] for r in rows}) for n in COMPUTE_NOTES[c]] + LLAMA_CPP_NOTE + [
         f"- prefill: B requests of C prompt tokens; decode: {args.decode_tokens - 1} steps of one token per request.",
         "",
-        "| weights | compute | context | batch | prefill tok/s ours | llama.cpp | ratio | decode tok/s ours | llama.cpp | ratio | ms/step ours | llama.cpp |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| weights | compute | K/V | context | batch | prefill tok/s ours | llama.cpp | ratio | decode tok/s ours | llama.cpp | ratio | ms/step ours | llama.cpp |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         o, t = r["vericache"], r["llama_cpp"]
-        lines.append(f"| {r['file']} | {o['compute']} | {r['context']} | {r['batch']} | {o['prefill_tok_s']:.1f} | {t['prefill_tok_s']:.1f} | "
+        lines.append(f"| {r['file']} | {o['compute']} | {o.get('kv_cache', 'float32')} | {r['context']} | {r['batch']} | {o['prefill_tok_s']:.1f} | {t['prefill_tok_s']:.1f} | "
                      f"{o['prefill_tok_s'] / t['prefill_tok_s']:.2f}x | {o['decode_tok_s']:.1f} | {t['decode_tok_s']:.1f} | "
                      f"{o['decode_tok_s'] / t['decode_tok_s']:.2f}x | {o['ms_per_step']:.1f} | {t['ms_per_step']:.1f} |")
     write_atomically(args.out + ".md", "\n".join(lines) + "\n")

@@ -41,6 +41,8 @@ def main():
     ap.add_argument("--decode-tokens", default="64")
     ap.add_argument("--threads", default="2")
     ap.add_argument("--compute", default="auto", help="the CPU kernels' arithmetic: auto, float32 or integer")
+    ap.add_argument("--kv-cache", default="auto",
+                    help="the KV cache pages: auto (bfloat16 with integer compute), float32 or bfloat16")
     ap.add_argument("--same-prompt", action="store_true", help="every request decodes a copy of one prompt")
     ap.add_argument("--params", action="append", default=['kvzip={"chunk_size": 128}'],
                     help="NAME=JSON compressor parameters (KVzip's reconstruction chunk must fit after an 8K prompt)")
@@ -52,7 +54,7 @@ def main():
            "--compressors", args.compressors, "--ratio", args.ratio, "--draft-lengths", args.draft_lengths,
            "--draft-policies", args.draft_policies, "--adaptive-draft-lengths", args.adaptive_draft_lengths,
            "--decode-tokens", args.decode_tokens, "--threads", args.threads,
-           "--compute", args.compute] + (["--same-prompt"] if args.same_prompt else [])
+           "--compute", args.compute, "--kv-cache", args.kv_cache] + (["--same-prompt"] if args.same_prompt else [])
     # Parameters only for the compressors this run measures (the default names KVzip).
     args.params = [p for p in args.params if p.split("=", 1)[0] in args.compressors.split(",")]
     for p in args.params:
@@ -71,6 +73,8 @@ def main():
         f"- machine: {prov['cpu']}, {args.threads} threads; verification reads the full cache in place (no copy)",
         f"- compute: {rows[0].get('compute', args.compute) if rows else args.compute} (`--compute {args.compute}`; "
         f"the engine and its full-KV baseline in the same arithmetic)",
+        f"- KV cache: {rows[0].get('kv_cache', args.kv_cache) if rows else args.kv_cache} (`--kv-cache {args.kv_cache}`; "
+        f"the engine and its full-KV baseline on the same pages)",
         f"- compressor parameters: {'; '.join(args.params) or 'defaults'}",
         (f"- prompts: one per context, copied to all B requests of a batch (`--same-prompt`)" if args.same_prompt else
          f"- prompts: per context, request i of a batch takes the i-th stretch of `context` tokens of the built prompt "

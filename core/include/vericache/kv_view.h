@@ -4,6 +4,9 @@
 // reads (or, for its own compressed cache, writes) pages itself.
 //   k_pages [num_pages, n_kv_heads, head_dim, page_size]   keys after RoPE, transposed within a page
 //   v_pages [num_pages, n_kv_heads, page_size, head_dim]
+// The pages' element type is the runtime's KV cache type: float32 or bfloat16 on the CPU (the
+// `--kv-cache` choice), the model dtype on a GPU; token_scorer.h's layer_keys()/layer_values() read
+// them as float32 whatever it is.
 // Slot s of layer l lives in page block_tables[l][s / page_size] at offset s % page_size. In a
 // full cache slot s holds the token at position s. In a compressed cache slot s of KV head h holds
 // the token at positions[l][h][s] (its original RoPE position).
