@@ -278,8 +278,8 @@ int run_bench(int argc, char** argv) {
   set_threads(threads);
   auto loaded = random ? LlamaModel::with_random_weights(random_shape, 1, *load_options) : load_model(model_arg, compute_arg, *load_options);
   if (!loaded.ok()) return report_error(loaded.status());
-  if (random && compute_arg.kv_cache == "bfloat16") {
-    if (Status s = (*loaded)->set_kv_dtype(at::kBFloat16); !s.ok()) return report_error(s);
+  if (random) {
+    if (Status s = apply_kv_cache(**loaded, compute_arg.kv_cache); !s.ok()) return report_error(s);
   }
   const LlamaModel& m = **loaded;
   const std::string model_name = random ? m.path() + " (random weights, timing only)" : m.path();

@@ -62,22 +62,26 @@ Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, con
   if (compute != "auto" && compute != "float32" && compute != "integer") {
     return Status::invalid_argument("--compute must be auto, float32 or integer, got '" + compute + "'");
   }
-  const std::string& kv = args.kv_cache;
-  if (kv != "auto" && kv != "float32" && kv != "bfloat16") {
-    return Status::invalid_argument("--kv-cache must be auto, float32 or bfloat16, got '" + kv + "'");
-  }
   VC_ASSIGN_OR_RETURN(const std::string path, resolve_model_path(requested));
   options.compute = compute == "integer" ? Compute::kInteger : Compute::kFloat32;
   VC_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::load(path, options));
   // auto: integer wherever the model can run it (quantized matrices on the CPU kernels).
   if (compute == "auto" && model->forward_path() == ForwardPath::kCpuKernels) (void)model->set_compute(Compute::kInteger);
-  // auto: bfloat16 pages beside integer arithmetic, the model dtype otherwise.
-  if (kv == "bfloat16" || (kv == "auto" && model->compute() == Compute::kInteger)) {
-    if (Status s = model->set_kv_dtype(at::kBFloat16); !s.ok()) return Status::invalid_argument("--kv-cache " + kv + ": " + s.message());
-  } else if (kv == "float32") {
-    if (Status s = model->set_kv_dtype(at::kFloat); !s.ok()) return Status::invalid_argument("--kv-cache float32: " + s.message());
-  }
+  VC_RETURN_IF_ERROR(apply_kv_cache(*model, args.kv_cache));
   return model;
+}
+
+Status apply_kv_cache(LlamaModel& model, const std::string& kv_cache) {
+  if (kv_cache != "auto" && kv_cache != "float32" && kv_cache != "bfloat16") {
+    return Status::invalid_argument("--kv-cache must be auto, float32 or bfloat16, got '" + kv_cache + "'");
+  }
+  // auto: bfloat16 pages beside integer arithmetic, the model dtype otherwise.
+  const bool bf16 = kv_cache == "bfloat16" || (kv_cache == "auto" && model.compute() == Compute::kInteger);
+  if (kv_cache == "auto" && !bf16) return Status();
+  if (Status s = model.set_kv_dtype(bf16 ? at::kBFloat16 : at::kFloat); !s.ok()) {
+    return Status::invalid_argument("--kv-cache " + kv_cache + ": " + s.message());
+  }
+  return Status();
 }
 
 std::string kv_cache_name(const LlamaModel& model) {

@@ -77,6 +77,10 @@ void add_compute_options(boost::program_options::options_description& d, Compute
 // run it (a GPU, float weights), or for a KV element type its forward cannot keep.
 Result<std::unique_ptr<LlamaModel>> load_model(const std::string& requested, const ComputeArgs& args,
                                                LoadOptions options = {});
+// Sets the model's KV element type as --kv-cache `kv_cache` names it, "auto" by the model's compute
+// mode; InvalidArgument for another value, or when its forward cannot keep that type. load_model calls it;
+// so does a command that makes its model otherwise (bench --random-weights).
+Status apply_kv_cache(LlamaModel& model, const std::string& kv_cache);
 // "float32" or "bfloat16": the model's KV element type, as --kv-cache and the JSON outputs name it.
 std::string kv_cache_name(const LlamaModel& model);
 
