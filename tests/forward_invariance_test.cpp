@@ -212,21 +212,28 @@ TEST(ForwardInvariance, IntegerVnniAndPortableKernelsAgreeBitwise) {
   EXPECT_TRUE(bitwise_equal(fast, window_after_prefix(m)));
 }
 
-TEST(ForwardInvariance, PortableAndAvx512KernelsAgreeBitwise) {
-  const cpu::KernelTable* avx512 = cpu::avx512_kernels();
-  if (avx512 == nullptr) GTEST_SKIP() << "this CPU has no AVX-512";
+// Every kernel build this CPU runs gives the portable build's logits, bit for bit, over float32
+// and over bfloat16 pages (where attention computes in bfloat16 products, emulated or not).
+TEST(ForwardInvariance, EveryKernelBuildGivesThePortableLogits) {
+  const std::vector<const cpu::KernelTable*> tables = cpu::supported_kernels();
+  if (tables.size() == 1) GTEST_SKIP() << "this CPU has no AVX-512";
   auto loaded = LlamaModel::load(testing::default_model_path());
   ASSERT_TRUE(loaded.ok());
   LlamaModel& m = **loaded;
-  m.set_kernels(*avx512);
-  const at::Tensor fast = window_after_prefix(m);
-  m.set_kernels(cpu::portable_kernels());
-  EXPECT_TRUE(bitwise_equal(fast, window_after_prefix(m)));
+  for (const at::ScalarType pages : {at::kFloat, at::kBFloat16}) {
+    ASSERT_TRUE(m.set_kv_dtype(pages).ok());
+    m.set_kernels(cpu::portable_kernels());
+    const at::Tensor portable = window_after_prefix(m);
+    for (const cpu::KernelTable* table : tables) {
+      m.set_kernels(*table);
+      EXPECT_TRUE(bitwise_equal(portable, window_after_prefix(m))) << table->isa << ", pages " << at::toString(pages);
+    }
+  }
 }
 
 // Attention in three phases (scores by slot ranges, softmax per query, values by channel ranges,
 // each phase over all threads; what a decode step of few requests uses) gives the bits of whole
-// jobs, on both kernel builds: one-token decodes and a 7-row window after a prefix (300 tokens on
+// jobs, on every kernel build: one-token decodes and a 7-row window after a prefix (300 tokens on
 // AVX-512: scores span two 256-slot tasks), and a 2-request batch.
 TEST(ForwardInvariance, PhasedAttentionEqualsWholeJobs) {
   auto loaded = LlamaModel::load(testing::default_model_path());
@@ -235,9 +242,7 @@ TEST(ForwardInvariance, PhasedAttentionEqualsWholeJobs) {
   auto pool = m.make_page_pool(16, 4096);
   ASSERT_TRUE(pool.ok());
   const std::vector<int32_t> tokens = prompt_tokens(m, 310, 11);
-  std::vector<const cpu::KernelTable*> tables{&cpu::portable_kernels()};
-  if (cpu::avx512_kernels() != nullptr) tables.push_back(cpu::avx512_kernels());
-  for (const cpu::KernelTable* table : tables) {
+  for (const cpu::KernelTable* table : cpu::supported_kernels()) {
     m.set_kernels(*table);
     // The portable build is slow: a shorter prefix (one 256-slot task) keeps the test short.
     const int64_t prefix = table == &cpu::portable_kernels() ? 40 : 300, shorter = prefix - 20;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -10,12 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "kernel_test_support.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/simd.h"
 #include "model/ggml_dequant.h"
 #include "model/weight_repack.h"
 #include "util/half.h"
-#include "kernel_test_support.h"
 
 namespace vericache::cpu {
 namespace {
@@ -24,11 +25,8 @@ using vericache::GgmlType;
 
 using vericache::testing::random_vector;
 
-std::vector<const KernelTable*> tables() {
-  std::vector<const KernelTable*> t{&portable_kernels()};
-  if (avx512_kernels() != nullptr) t.push_back(avx512_kernels());
-  return t;
-}
+// Every build this CPU runs, portable first.
+std::vector<const KernelTable*> tables() { return supported_kernels(); }
 
 TEST(Kernels, LinearMatchesDoubleReferenceAndIsRowCountInvariant) {
   for (const KernelTable* k : tables()) {
@@ -69,8 +67,8 @@ TEST(Kernels, QuantizedLinearEqualsLinearOverDequantizedWeights) {
     GgmlType type;
     int64_t block_values, block_bytes;
   };
-  const std::vector<Case> cases{{GgmlType::kQ8_0, 32, 34},  {GgmlType::kQ4_0, 32, 18},   {GgmlType::kQ4_1, 32, 20},
-                                {GgmlType::kQ5_0, 32, 22},  {GgmlType::kQ4_K, 256, 144}, {GgmlType::kQ6_K, 256, 210}};
+  const std::vector<Case> cases{{GgmlType::kQ8_0, 32, 34}, {GgmlType::kQ4_0, 32, 18},   {GgmlType::kQ4_1, 32, 20},
+                                {GgmlType::kQ5_0, 32, 22}, {GgmlType::kQ4_K, 256, 144}, {GgmlType::kQ6_K, 256, 210}};
   for (const Case& c : cases) {
     const int64_t file_row_bytes = kdim / c.block_values * c.block_bytes;
     const std::vector<uint8_t> blocks = testing::random_ggml_rows(c.type, n, kdim, rng);
@@ -79,7 +77,7 @@ TEST(Kernels, QuantizedLinearEqualsLinearOverDequantizedWeights) {
     ASSERT_TRUE(dequantize(c.type, blocks.data(), n * kdim, dense.data()).ok());
     // The kernels read ggml's 32-value blocks as they are and K-quants repacked.
     const auto repacked = repacked_format(c.type);
-    const WeightFormat format = repacked ? *repacked
+    const WeightFormat format = repacked                    ? *repacked
                                 : c.type == GgmlType::kQ8_0 ? WeightFormat::kQ8_0
                                 : c.type == GgmlType::kQ4_0 ? WeightFormat::kQ4_0
                                 : c.type == GgmlType::kQ4_1 ? WeightFormat::kQ4_1
@@ -99,7 +97,8 @@ TEST(Kernels, QuantizedLinearEqualsLinearOverDequantizedWeights) {
         std::vector<float> a(m * n), b(m * n);
         k->linear(x.data(), kdim, m, quant, 0, n, a.data(), n);
         k->linear(x.data(), kdim, m, f32, 0, n, b.data(), n);
-        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << name << " " << k->isa << " rows " << m;
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+            << name << " " << k->isa << " rows " << m;
       }
       std::vector<float> row(kdim);
       k->weight_row(quant, 5, row.data());
@@ -109,29 +108,30 @@ TEST(Kernels, QuantizedLinearEqualsLinearOverDequantizedWeights) {
 }
 
 TEST(Kernels, BuildsAgreeBitwise) {
-  const KernelTable* fast = avx512_kernels();
-  if (fast == nullptr) GTEST_SKIP() << "this CPU has no AVX-512";
+  if (tables().size() == 1) GTEST_SKIP() << "this CPU has no AVX-512";
   const KernelTable& slow = portable_kernels();
-  const int64_t m = 5, kdim = 200, n = 33;
-  const auto x = random_vector(m * kdim, 3);
-  const auto w = random_vector(n * kdim, 4);
-  std::vector<float> a(m * n), b(m * n);
-  const WeightView wv{WeightFormat::kF32, w.data(), n, kdim, kdim * 4};
-  fast->linear(x.data(), kdim, m, wv, 0, n, a.data(), n);
-  slow.linear(x.data(), kdim, m, wv, 0, n, b.data(), n);
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  for (const KernelTable* fast : tables()) {
+    const int64_t m = 5, kdim = 200, n = 33;
+    const auto x = random_vector(m * kdim, 3);
+    const auto w = random_vector(n * kdim, 4);
+    std::vector<float> a(m * n), b(m * n);
+    const WeightView wv{WeightFormat::kF32, w.data(), n, kdim, kdim * 4};
+    fast->linear(x.data(), kdim, m, wv, 0, n, a.data(), n);
+    slow.linear(x.data(), kdim, m, wv, 0, n, b.data(), n);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << fast->isa;
 
-  const auto norm_w = random_vector(kdim, 5);
-  std::vector<float> na(kdim), nb(kdim);
-  fast->rms_norm(x.data(), kdim - 3, norm_w.data(), 1e-5f, na.data());
-  slow.rms_norm(x.data(), kdim - 3, norm_w.data(), 1e-5f, nb.data());
-  EXPECT_EQ(std::memcmp(na.data(), nb.data(), (kdim - 3) * sizeof(float)), 0);
+    const auto norm_w = random_vector(kdim, 5);
+    std::vector<float> na(kdim), nb(kdim);
+    fast->rms_norm(x.data(), kdim - 3, norm_w.data(), 1e-5f, na.data());
+    slow.rms_norm(x.data(), kdim - 3, norm_w.data(), 1e-5f, nb.data());
+    EXPECT_EQ(std::memcmp(na.data(), nb.data(), (kdim - 3) * sizeof(float)), 0) << fast->isa;
 
-  const auto gate = random_vector(1000, 6, 8.0f);
-  std::vector<float> sa(1000), sb(1000);
-  fast->silu_mul(gate.data(), x.data(), 1000, sa.data());
-  slow.silu_mul(gate.data(), x.data(), 1000, sb.data());
-  EXPECT_EQ(std::memcmp(sa.data(), sb.data(), sa.size() * sizeof(float)), 0);
+    const auto gate = random_vector(1000, 6, 8.0f);
+    std::vector<float> sa(1000), sb(1000);
+    fast->silu_mul(gate.data(), x.data(), 1000, sa.data());
+    slow.silu_mul(gate.data(), x.data(), 1000, sb.data());
+    EXPECT_EQ(std::memcmp(sa.data(), sb.data(), sa.size() * sizeof(float)), 0) << fast->isa;
+  }
 }
 
 TEST(Kernels, ExpIsAccurateToTwoUlp) {
@@ -263,33 +263,79 @@ TEST(Kernels, PagedAttentionReadsPrefixPagesAsThePagedCache) {
   }
 }
 
-// bfloat16 pages (KvElement::kBFloat16) are read as the floats they hold: attention over them gives
-// the bits of attention over float32 pages holding the widened values, on both head sizes, with
-// and without float prefix pages ahead, whole and in the three phases; and not the bits of the
-// unrounded floats (the rounding really happened, so the bfloat16 path was taken).
-TEST(Kernels, BFloat16PagesReadAsTheFloatsTheyHold) {
-  const int64_t heads = 6, kv_heads = 2, ps = 16, pages = 8, cached = 100, rows = 5;
+// The bfloat16 pair product of every build (KernelTable::dot_bf16) on values chosen so that each
+// rule of vdpbf16ps changes the result: the odd product is added before the even one, denormal
+// inputs read as zero, denormal results flush to zero (keeping the sign), and a product is exact.
+TEST(Kernels, BFloat16PairProductFollowsVdpbf16ps) {
+  auto bf = [](float x) { return fp32_to_bf16(x); };
+  auto pair = [](uint16_t even, uint16_t odd) {
+    return static_cast<uint32_t>(even) | static_cast<uint32_t>(odd) << 16;
+  };
+  const float tiny = std::ldexp(1.0f, -24);
+  struct Case {
+    const char* rule;
+    float acc;
+    uint32_t a, b;
+    float expected;
+  };
+  const Case cases[] = {
+      // Odd first: (2^-24 + 1) rounds to 1, then 1 + 2^-24 rounds to 1. Even first would give 1 + 2^-23.
+      {"odd product first", tiny, pair(bf(tiny), bf(1.0f)), pair(bf(1.0f), bf(1.0f)), 1.0f},
+      {"even product second", tiny, pair(bf(1.0f), bf(tiny)), pair(bf(1.0f), bf(1.0f)), 1.0f + 2 * tiny},
+      // A bfloat16 denormal (0x0001) times 2^100 would be about 2^-33; read as zero it adds nothing.
+      {"denormal input is zero", 1.0f, pair(0x0001, 0), pair(bf(std::ldexp(1.0f, 100)), 0), 1.0f},
+      // 2^-64 * 2^-63 = 2^-127, a float32 denormal: flushed to zero, keeping its sign.
+      {"denormal result flushes", 0.0f, pair(bf(std::ldexp(1.0f, -64)), 0), pair(bf(-std::ldexp(1.0f, -63)), 0), -0.0f},
+      // (1 + 2^-7)^2 = 1 + 2^-6 + 2^-14 is exact in float32 (a product rounded to bfloat16 would
+      // lose 2^-14).
+      {"exact product", 0.0f, pair(bf(1.0078125f), 0), pair(bf(1.0078125f), 0),
+       1.0f + std::ldexp(1.0f, -6) + std::ldexp(1.0f, -14)},
+  };
+  for (const KernelTable* k : tables()) {
+    for (const Case& c : cases) {
+      const float got = k->dot_bf16(c.acc, c.a, c.b);
+      EXPECT_EQ(float_to_bits(got), float_to_bits(c.expected)) << k->isa << ", " << c.rule << ": " << got;
+    }
+  }
+}
+
+// Attention over bfloat16 pages (KvElement::kBFloat16) computes in bfloat16 products: close to a
+// double-precision reference that rounds the queries to bfloat16 (within 2^-9 of the largest
+// value: each numerator's rounding to bfloat16 moves its weight by at most 2^-9 of it), not the bits of float32 pages
+// holding the same values; identical bits in every build (one page of keys 300 times larger makes some numerators
+// float32 denormals), for each row alone or with its neighbours, whole or in the three phases; on both head sizes, with
+// and without float prefix pages ahead.
+TEST(Kernels, BFloat16PagesComputeInBFloat16Products) {
+  const int64_t heads = 6, kv_heads = 2, ps = 16, pages = 8, cached = 100, rows = 5, group = heads / kv_heads;
   const std::vector<int32_t> table{5, 2, 7, 0, 3, 1, 6, 4};
+  int64_t denormals = 0;  // numerators in the float32 denormal range, over all cases
   for (const int64_t hd : {64, 128}) {
-    const auto kp = random_vector(pages * kv_heads * hd * ps, 27);
+    auto kp = random_vector(pages * kv_heads * hd * ps, 27);
     const auto vp = random_vector(pages * kv_heads * ps * hd, 28);
     const auto q = random_vector(rows * heads * hd, 29, 0.3f);
+    const int64_t page_floats = kv_heads * hd * ps, prefix_pages = 2;
+    for (int64_t i = 0; i < page_floats; ++i) kp[table[4] * page_floats + i] *= 300.0f;  // slots 64..79
     std::vector<uint16_t> kb(kp.size()), vb(vp.size());
     std::vector<float> kw(kp.size()), vw(vp.size());  // the bfloat16 values, widened
     for (size_t i = 0; i < kp.size(); ++i) kw[i] = bf16_to_fp32(kb[i] = fp32_to_bf16(kp[i]));
     for (size_t i = 0; i < vp.size(); ++i) vw[i] = bf16_to_fp32(vb[i] = fp32_to_bf16(vp[i]));
-    const int64_t page_floats = kv_heads * hd * ps, prefix_pages = 2;
+    float largest_value = 0;
+    for (size_t i = 0; i < vp.size(); ++i) largest_value = std::max({largest_value, std::abs(vp[i]), std::abs(vw[i])});
     std::vector<float> pk(prefix_pages * page_floats), pv(prefix_pages * page_floats);
     for (int64_t p = 0; p < prefix_pages; ++p) {
       std::copy_n(kp.data() + table[p] * page_floats, page_floats, pk.data() + p * page_floats);
       std::copy_n(vp.data() + table[p] * page_floats, page_floats, pv.data() + p * page_floats);
     }
-    for (const KernelTable* k : tables()) {
-      for (const bool prefix : {false, true}) {
+    for (const bool prefix : {false, true}) {
+      std::vector<float> first;  // the first build's output
+      for (const KernelTable* k : tables()) {
         const std::string where = std::string(k->isa) + ", head_dim " + std::to_string(hd) + (prefix ? ", prefix" : "");
-        std::vector<float> widened(rows * heads * hd), bf16(widened.size()), phased(widened.size()), exact(widened.size());
-        auto args = [&](const std::vector<float>& kf, const std::vector<float>& vf, std::vector<float>& out) {
-          PagedAttentionArgs a = attention_args(q, out, kf, vf, table, heads, kv_heads, hd, ps, cached);
+        std::vector<float> widened(rows * heads * hd), bf16(widened.size()), phased(widened.size()), single(heads * hd);
+        auto args = [&](const void* kpages, const void* vpages, KvElement element, std::vector<float>& out) {
+          PagedAttentionArgs a = attention_args(q, out, kw, vw, table, heads, kv_heads, hd, ps, cached);
+          a.k_pages = kpages;
+          a.v_pages = vpages;
+          a.kv_element = element;
           if (prefix) {
             a.block_table = table.data() + prefix_pages;
             a.prefix_k_pages = pk.data();
@@ -298,22 +344,65 @@ TEST(Kernels, BFloat16PagesReadAsTheFloatsTheyHold) {
           }
           return a;
         };
-        const PagedAttentionArgs w = args(kw, vw, widened), x = args(kp, vp, exact);
-        PagedAttentionArgs b = args(kw, vw, bf16);
-        b.k_pages = kb.data();
-        b.v_pages = vb.data();
-        b.kv_element = KvElement::kBFloat16;
+        const PagedAttentionArgs w = args(kw.data(), vw.data(), KvElement::kFloat32, widened);
+        const PagedAttentionArgs b = args(kb.data(), vb.data(), KvElement::kBFloat16, bf16);
         for (int64_t g = 0; g < kv_heads; ++g) {
           k->attention(w, g, 0, rows);
-          k->attention(x, g, 0, rows);
           k->attention(b, g, 0, rows);
         }
-        EXPECT_EQ(std::memcmp(widened.data(), bf16.data(), bf16.size() * sizeof(float)), 0) << where;
-        EXPECT_NE(std::memcmp(exact.data(), bf16.data(), bf16.size() * sizeof(float)), 0) << where;
+        EXPECT_NE(std::memcmp(widened.data(), bf16.data(), bf16.size() * sizeof(float)), 0) << where;
+        if (first.empty()) first = bf16;
+        EXPECT_EQ(std::memcmp(first.data(), bf16.data(), bf16.size() * sizeof(float)), 0) << where << ", builds";
+
+        // The reference: slot j's key and value as the kernel reads them (prefix slots float32,
+        // the others bfloat16 with the query rounded to bfloat16 too).
+        const int64_t prefix_len = prefix ? prefix_pages * ps : 0;
+        auto at = [&](int64_t slot) {
+          return slot < prefix_len ? std::pair{slot / ps, true} : std::pair{int64_t{table[slot / ps]}, false};
+        };
+        double worst = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t len = cached + r + 1;
+          for (int64_t h = 0; h < heads; ++h) {
+            const int64_t g = h / group;
+            const float* qv = q.data() + (r * heads + h) * hd;
+            std::vector<double> s(len);
+            double mx = -1e300, sum = 0;
+            for (int64_t j = 0; j < len; ++j) {
+              const auto [page, float_prefix] = at(j);
+              const float* keys = float_prefix ? pk.data() : kw.data();
+              double dot = 0;
+              for (int64_t d = 0; d < hd; ++d) {
+                const double qd = float_prefix ? qv[d] : bf16_to_fp32(fp32_to_bf16(qv[d]));
+                dot += qd * keys[((page * kv_heads + g) * hd + d) * ps + j % ps];
+              }
+              mx = std::max(mx, s[j] = dot * 0.125);
+            }
+            for (double& v : s) sum += (v = std::exp(v - mx));
+            for (int64_t d = 0; d < hd; ++d) {
+              double o = 0;
+              for (int64_t j = 0; j < len; ++j) {
+                const auto [page, float_prefix] = at(j);
+                o += s[j] * (float_prefix ? pv.data() : vw.data())[((page * kv_heads + g) * ps + j % ps) * hd + d];
+              }
+              worst = std::max(worst, std::abs(bf16[(r * heads + h) * hd + d] - o / sum));
+            }
+          }
+          // The same row as a one-row call over a cache one slot longer per earlier row.
+          PagedAttentionArgs one = b;
+          one.q = q.data() + r * heads * hd;
+          one.out = single.data();
+          one.cached_len = cached + r;
+          for (int64_t g = 0; g < kv_heads; ++g) k->attention(one, g, 0, 1);
+          EXPECT_EQ(std::memcmp(single.data(), bf16.data() + r * heads * hd, single.size() * sizeof(float)), 0)
+              << where << ", row " << r << " alone";
+        }
+        EXPECT_LT(worst, std::ldexp(largest_value, -9)) << where;
+
         // The phases over one tile of the 5 rows (15 query vectors), slots in two ranges.
         PagedAttentionArgs ph = b;
         ph.out = phased.data();
-        const int64_t group = heads / kv_heads, count = rows * group, slots = (cached + rows + 15) / 16 * 16;
+        const int64_t count = rows * group, slots = (cached + rows + 15) / 16 * 16;
         std::vector<float> scores(count * slots), sums(count);
         for (int64_t g = 0; g < kv_heads; ++g) {
           k->attention_scores(ph, g, 0, rows, 0, 48, scores.data(), slots);
@@ -322,11 +411,13 @@ TEST(Kernels, BFloat16PagesReadAsTheFloatsTheyHold) {
             sums[t] = k->softmax_numerators(scores.data() + t * slots, cached + t / group + 1);
           }
           k->attention_values(ph, g, 0, rows, scores.data(), slots, sums.data(), 0, hd);
+          denormals += std::count_if(scores.begin(), scores.end(), [](float e) { return e > 0 && e < FLT_MIN; });
         }
         EXPECT_EQ(std::memcmp(phased.data(), bf16.data(), bf16.size() * sizeof(float)), 0) << where << ", phases";
       }
     }
   }
+  EXPECT_GT(denormals, 0) << "no numerator was a float32 denormal: the test data no longer reach DAZ";
 }
 
 // Code i of `bits` bits, LSB first (the layout's definition, read bit by bit).
@@ -356,7 +447,7 @@ TEST(Kernels, PackedPagesReadInPlaceEqualTheirDequantizedFloats) {
     int bits;
   };
   const int64_t heads = 6, kv_heads = 3, rows = 3, float_slots = 21;
-  const std::vector<Case> cases{{64, 16, 32, 32, 2}, {64, 16, 32, 16, 3}, {64, 32, 16, 64, 4},
+  const std::vector<Case> cases{{64, 16, 32, 32, 2},  {64, 16, 32, 16, 3}, {64, 32, 16, 64, 4},
                                 {128, 16, 16, 32, 8}, {64, 16, 64, 32, 4}, {128, 32, 32, 128, 2}};
   for (const Case& c : cases) {
     const MinMaxGroupsLayout L{c.ps, kv_heads, c.hd, c.key_group, c.value_group, c.bits};
@@ -391,8 +482,8 @@ TEST(Kernels, PackedPagesReadInPlaceEqualTheirDequantizedFloats) {
       for (int64_t h = 0; h < kv_heads; ++h) {
         for (int64_t ch = 0; ch < c.hd; ++ch) {
           const int64_t index = ((t / c.key_group) * kv_heads + h) * c.hd + ch;
-          const uint8_t* kg = page_of(index / L.key_groups_per_page()) + L.key_groups_offset() +
-                              4 * (index % L.key_groups_per_page());
+          const uint8_t* kg =
+              page_of(index / L.key_groups_per_page()) + L.key_groups_offset() + 4 * (index % L.key_groups_per_page());
           pk[((j * kv_heads + h) * c.hd + ch) * c.ps + o] =
               group_value(kg, code_at(page_of(j) + L.key_codes_offset(), (h * c.hd + ch) * c.ps + o, c.bits));
           const uint8_t* vg = page_of(j) + L.value_groups_offset() +
@@ -425,8 +516,8 @@ TEST(Kernels, PackedPagesReadInPlaceEqualTheirDequantizedFloats) {
       b.packed_pages = packed_pages.data();
       for (int64_t g = 0; g < kv_heads; ++g) k->attention(b, g, 0, rows);
       ASSERT_EQ(std::memcmp(from_floats.data(), in_place.data(), in_place.size() * sizeof(float)), 0)
-          << k->isa << ": head_dim " << c.hd << ", page " << c.ps << ", groups " << c.key_group << "/"
-          << c.value_group << ", " << c.bits << " bits";
+          << k->isa << ": head_dim " << c.hd << ", page " << c.ps << ", groups " << c.key_group << "/" << c.value_group
+          << ", " << c.bits << " bits";
     }
   }
 }

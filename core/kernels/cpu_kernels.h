@@ -7,13 +7,15 @@
 // split work across threads by output column or by (request, KV head, row tile) only, never
 // along a reduction.
 //
-// Each kernel exists in an AVX-512 build and a portable build that perform the same IEEE-754
-// operations lane by lane (kernels/simd.h), so both give identical bits; the AVX-512 one is used
-// when the CPU has it. Pointers are raw float32 arrays owned by the caller.
+// Each kernel exists in three builds that perform the same IEEE-754 operations lane by lane
+// (kernels/simd.h, kernels/simd_bf16.h), so all give identical bits: AVX-512 with AVX512_BF16,
+// AVX-512, and portable; the fastest the CPU runs is used. Pointers are raw float32 arrays owned
+// by the caller (bfloat16 pages excepted).
 // Thread-safety: every function may be called concurrently on disjoint outputs.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <vericache/packed_layout.h>
 
@@ -37,8 +39,10 @@ struct WeightView {
 };
 
 // How a cache's K/V pages hold their values: float32, or bfloat16 (uint16_t bit patterns, half the
-// bytes). bfloat16 values are widened to float32 exactly as they are read, so attention over them
-// gives the same bits as over float32 pages holding the same (bfloat16-representable) values.
+// bytes). Attention over bfloat16 pages computes in bfloat16 products accumulated in float32 (the
+// arithmetic of vdpbf16ps, kernels/simd_bf16.h): the query and the softmax numerators are rounded
+// to bfloat16 too, and the sums run over pairs (cpu_kernels_impl.h, attention_bf16_impl.h). Its
+// results differ from float32 pages' by that rounding; the invariance above holds for each.
 enum class KvElement { kFloat32, kBFloat16 };
 
 // Paged attention over one request's cache for one layer (see kv/page_pool.h for the layout; page
@@ -116,12 +120,22 @@ struct KernelTable {
   //    numerators (`e`, the scores rows) and sums (sums[t]).
   void (*attention_values)(const PagedAttentionArgs& args, int64_t kv_head, int64_t row0, int64_t row1,
                            const float* e, int64_t stride, const float* sums, int64_t c0, int64_t c1);
+
+  // One lane of the bfloat16 pair product attention uses over bfloat16 pages (kernels/simd_bf16.h):
+  // acc + a_odd * b_odd, then + a_even * b_even, where a and b hold two bfloat16 values each
+  // (element 0 in the low half). For tests of each build's arithmetic on chosen values.
+  float (*dot_bf16)(float acc, uint32_t a, uint32_t b);
 };
 
-// The AVX-512 table when the CPU supports AVX-512F, else the portable one.
+// The fastest table this CPU runs: AVX-512 with AVX512_BF16, else AVX-512, else portable. All
+// give identical bits.
 const KernelTable& best_kernels();
 const KernelTable& portable_kernels();
 // nullptr when the CPU lacks AVX-512F.
 const KernelTable* avx512_kernels();
+// nullptr when the CPU lacks AVX-512F or AVX512_BF16.
+const KernelTable* avx512_bf16_kernels();
+// Every table this CPU runs, portable first and best last (what tests compare).
+std::vector<const KernelTable*> supported_kernels();
 
 }  // namespace vericache::cpu

@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/attention_bf16_impl.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/simd.h"
 #include "util/check.h"
@@ -319,7 +321,8 @@ inline void silu_mul(const float* gate, const float* up, int64_t n, float* out) 
 // Paged attention. For one (row, head): scores s_j = (q . k_j) * scale with the dot product a
 // chain of fused multiply-adds over d in order; softmax with max, e_j = exp(s_j - max) and an
 // ordered 16-lane sum; out = (sum_j e_j v_j in slot order) / sum. Only the row's own length
-// enters, so neither the number of rows nor the tiling changes a bit.
+// enters, so neither the number of rows nor the tiling changes a bit. Over bfloat16 pages both
+// products are bfloat16 pairs instead (attention_bf16_impl.h).
 
 // Where slot `slot` lives: its page and its offset in that page. Slots below prefix_len are in the
 // prefix pages (in order), the others in the cache's pages through the block table; each caller
@@ -443,10 +446,6 @@ void decode_values(const PagedAttentionArgs& a, int64_t kv_head, int64_t slot, f
   }
 }
 
-// The cache's page elements as Vec16 of floats: float32 as stored, bfloat16 widened exactly.
-inline Vec16 load_kv(const float* p) { return simd::load(p); }
-inline Vec16 load_kv(const uint16_t* p) { return simd::load_bf16(p); }
-
 // The keys of the 16 slots from a multiple of 16 at `p` in `pages` (float prefix pages, or the
 // cache's pages of E), channel-major: channel c's 16 values at the result + c * page_size.
 template <int HD, typename E>
@@ -472,15 +471,15 @@ inline const float* packed_value_rows(const PagedAttentionArgs& a, int64_t kv_he
   return scratch;
 }
 
-// Scores of T query vectors for the 16 slots from s0 whose keys are channel-major at
+// Scores of T query vectors for the 16 slots from s0 whose float keys are channel-major at
 // keys + c * stride: one chain of fused multiply-adds over the channels in order per slot.
-template <int HD, int T, typename E>
-inline void block_scores(const E* keys, int64_t stride, const float* const* q, Vec16 vscale, int64_t s0,
+template <int HD, int T>
+inline void block_scores(const float* keys, int64_t stride, const float* const* q, Vec16 vscale, int64_t s0,
                          float* const* scores) {
   Vec16 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = simd::zero();
   for (int d = 0; d < HD; ++d) {
-    const Vec16 kv = load_kv(keys + d * stride);
+    const Vec16 kv = simd::load(keys + d * stride);
     for (int t = 0; t < T; ++t) acc[t] = simd::fma(simd::set1(q[t][d]), kv, acc[t]);
   }
   for (int t = 0; t < T; ++t) simd::store(scores[t] + s0, simd::mul(acc[t], vscale));
@@ -497,9 +496,10 @@ void packed_scores(const PagedAttentionArgs& a, int64_t kv_head, const float* co
   }
 }
 
-// Scores over slots [slot0, slot1) that all live in `pages` (the float prefix pages, or the cache's).
-template <int HD, int T, typename E>
-void page_scores(const PagedAttentionArgs& a, const E* pages, int64_t kv_head, const float* const* q, Vec16 vscale,
+// Scores over slots [slot0, slot1) that all live in `pages` (the float prefix pages, or the
+// cache's): q is the T query vectors as floats for float pages, as QueryPairs for bfloat16 pages.
+template <int HD, int T, typename E, typename Q>
+void page_scores(const PagedAttentionArgs& a, const E* pages, int64_t kv_head, const Q& q, Vec16 vscale,
                  int64_t slot0, int64_t slot1, float* const* scores) {
   for (int64_t s0 = slot0; s0 < slot1; s0 += simd::kLanes) {
     if (const int64_t ahead = s0 + kPrefetchSlots; ahead < slot1) {
@@ -533,7 +533,13 @@ void attention_scores_of(const PagedAttentionArgs& a, int64_t kv_head, const flo
     }
     s0 = end;
   }
-  if (s0 < slot1) page_scores<HD, T>(a, static_cast<const E*>(a.k_pages), kv_head, q, vscale, s0, slot1, scores);
+  if (s0 >= slot1) return;
+  if constexpr (std::is_same_v<E, uint16_t>) {
+    const QueryPairs<HD, T> pairs(q);
+    page_scores<HD, T>(a, static_cast<const uint16_t*>(a.k_pages), kv_head, pairs, vscale, s0, slot1, scores);
+  } else {
+    page_scores<HD, T>(a, static_cast<const float*>(a.k_pages), kv_head, q, vscale, s0, slot1, scores);
+  }
 }
 
 template <int HD, int T>
@@ -564,14 +570,15 @@ inline float softmax_numerators(float* scores, int64_t len) {
   });
 }
 
-// acc[t] += e_t[j0 + j] * v_j for the n slots whose value rows are at rows + j * HD, channels
-// [c0, c0 + 16 * kVecs): slot by slot in order, one fused multiply-add per channel.
-template <int HD, int NQ, int kVecs, typename E>
-inline void accumulate_values(const E* rows, int64_t n, const float* const* e, int64_t j0, int64_t c0,
+// acc[t] += e_t[j0 + j] * v_j for the n slots whose float value rows are at rows + j * HD,
+// channels [c0, c0 + 16 * kVecs): slot by slot in order, one fused multiply-add per channel.
+// (bfloat16 rows: the overload in attention_bf16_impl.h.)
+template <int HD, int NQ, int kVecs>
+inline void accumulate_values(const float* rows, int64_t n, const float* const* e, int64_t j0, int64_t c0,
                               Vec16 (&acc)[NQ][kVecs]) {
   for (int64_t j = 0; j < n; ++j) {
     Vec16 vv[kVecs];
-    for (int v = 0; v < kVecs; ++v) vv[v] = load_kv(rows + j * HD + c0 + v * simd::kLanes);
+    for (int v = 0; v < kVecs; ++v) vv[v] = simd::load(rows + j * HD + c0 + v * simd::kLanes);
     for (int t = 0; t < NQ; ++t) {
       const Vec16 w = simd::set1(e[t][j0 + j]);
       for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::fma(w, vv[v], acc[t][v]);
@@ -775,6 +782,19 @@ inline void attention_values_phase(const PagedAttentionArgs& a, int64_t kv_head,
   } else {
     attention_values_phase_hd<128>(a, kv_head, row0, row1, e, stride, sums, c0, c1);
   }
+}
+
+// One lane of simd::dot_bf16, for tests of this build's arithmetic on chosen values.
+inline float dot_bf16_lane(float acc, uint32_t a, uint32_t b) {
+  alignas(64) float out[simd::kLanes];
+  simd::store(out, simd::dot_bf16(simd::set1(acc), simd::set1_pair(a), simd::set1_pair(b)));
+  return out[0];
+}
+
+// This build's kernel table, named `isa`.
+inline KernelTable kernel_table(const char* isa) {
+  return KernelTable{isa,      linear,    weight_row, rms_norm, silu_mul, attention, attention_scores_phase,
+                     softmax_numerators, attention_values_phase, dot_bf16_lane};
 }
 
 }  // namespace vericache::cpu::VC_KERNEL_NAMESPACE

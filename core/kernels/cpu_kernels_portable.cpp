@@ -9,23 +9,31 @@
 namespace vericache::cpu {
 
 const KernelTable& portable_kernels() {
-  static const KernelTable table{"portable", portable::linear, portable::weight_row, portable::rms_norm,
-                                 portable::silu_mul, portable::attention,
-                                 portable::attention_scores_phase, portable::softmax_numerators,
-                                 portable::attention_values_phase};
+  static const KernelTable table = portable::kernel_table("portable");
   return table;
 }
 
 const KernelTable& avx512_kernel_table();
+const KernelTable& avx512_bf16_kernel_table();
 
 const KernelTable* avx512_kernels() {
   static const bool supported = __builtin_cpu_supports("avx512f");
   return supported ? &avx512_kernel_table() : nullptr;
 }
 
-const KernelTable& best_kernels() {
-  const KernelTable* fast = avx512_kernels();
-  return fast != nullptr ? *fast : portable_kernels();
+const KernelTable* avx512_bf16_kernels() {
+  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  return supported ? &avx512_bf16_kernel_table() : nullptr;
 }
+
+std::vector<const KernelTable*> supported_kernels() {
+  std::vector<const KernelTable*> tables{&portable_kernels()};
+  for (const KernelTable* t : {avx512_kernels(), avx512_bf16_kernels()}) {
+    if (t != nullptr) tables.push_back(t);
+  }
+  return tables;
+}
+
+const KernelTable& best_kernels() { return *supported_kernels().back(); }
 
 }  // namespace vericache::cpu

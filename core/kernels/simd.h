@@ -69,11 +69,6 @@ inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 inline Vec16 load_halves(const uint16_t* p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
-// 16 bfloat16 values -> floats, exact (each is the upper half of its float).
-inline Vec16 load_bf16(const uint16_t* p) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return {_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
-}
 
 // 16 bytes as floats: the low (shift 0) or high (shift 4) nibble of each, or each signed byte.
 inline Vec16 nibbles(const uint8_t* p, int shift) {
@@ -184,7 +179,6 @@ inline float reduce_max(Vec16 a) {
 
 inline float half_to_float(uint16_t h) { return fp16_to_fp32(h); }
 inline Vec16 load_halves(const uint16_t* p) { return map([p](int i) { return fp16_to_fp32(p[i]); }); }
-inline Vec16 load_bf16(const uint16_t* p) { return map([p](int i) { return bf16_to_fp32(p[i]); }); }
 
 inline Vec16 nibbles(const uint8_t* p, int shift) {
   return map([&](int i) { return static_cast<float>((p[i] >> shift) & 0x0f); });
