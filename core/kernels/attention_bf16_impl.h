@@ -60,9 +60,14 @@ inline void accumulate_values(const uint16_t* rows, int64_t n, const float* cons
   for (int64_t j = 0; j < n; j += 2) {
     simd::Pairs16 vv[kVecs];
     const uint16_t* row = rows + j * HD + c0;
-    for (int v = 0; v < kVecs; ++v) {
-      vv[v] = j + 1 < n ? simd::interleave_bf16(row + v * simd::kLanes, row + HD + v * simd::kLanes)
-                        : simd::widen_bf16(row + v * simd::kLanes);
+    if (j + 1 < n) {
+      int v = 0;
+      for (; v + 2 <= kVecs; v += 2) {
+        simd::interleave_bf16_32(row + v * simd::kLanes, row + HD + v * simd::kLanes, &vv[v], &vv[v + 1]);
+      }
+      if (v < kVecs) vv[v] = simd::interleave_bf16(row + v * simd::kLanes, row + HD + v * simd::kLanes);
+    } else {
+      for (int v = 0; v < kVecs; ++v) vv[v] = simd::widen_bf16(row + v * simd::kLanes);
     }
     for (int t = 0; t < NQ; ++t) {
       uint32_t pair;

@@ -133,7 +133,7 @@ const KernelTable& best_kernels();
 const KernelTable& portable_kernels();
 // nullptr when the CPU lacks AVX-512F.
 const KernelTable* avx512_kernels();
-// nullptr when the CPU lacks AVX-512F or AVX512_BF16.
+// nullptr when the CPU lacks AVX-512F, AVX-512BW or AVX512_BF16.
 const KernelTable* avx512_bf16_kernels();
 // Every table this CPU runs, portable first and best last (what tests compare).
 std::vector<const KernelTable*> supported_kernels();

@@ -1,4 +1,4 @@
-// The AVX-512 build with AVX512_BF16 (compiled with -mavx512f -mavx512bf16; see core/CMakeLists.txt):
+// The AVX-512 build with AVX512_BF16 (compiled with -mavx512f -mavx512bw -mavx512bf16; see core/CMakeLists.txt):
 // attention over bfloat16 pages uses vdpbf16ps itself, the other kernels are the AVX-512 build's.
 #define VC_KERNEL_NAMESPACE avx512_bf16
 #include "kernels/cpu_kernels_impl.h"

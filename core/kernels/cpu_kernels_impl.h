@@ -594,18 +594,18 @@ inline void prefetch_value_rows(const E* rows, int64_t c0) {
   }
 }
 
-// out_t = (sum_j e_t[j] v_j) / sum_t for NQ query vectors of one row (same length), channels
-// [c0, c0 + 16 * kVecs): every channel is its own chain over the slots, so any split of the
-// channels gives the same bits.
+// acc[t] += e_t[j] v_j for NQ query vectors over the blocks of 16 slots from j_begin (a multiple
+// of 16) up to len, channels [c0, c0 + 16 * kVecs): every channel is its own chain over the slots,
+// so any split of the channels gives the same bits. `scratch` holds [16][HD] floats.
 template <int HD, int NQ, int kVecs, typename E>
-void attention_values_of(const PagedAttentionArgs& a, int64_t kv_head, int64_t len, const float* const* e,
-                         const float* sums, float* const* out, int64_t c0) {
+void accumulate_blocks(const PagedAttentionArgs& a, int64_t kv_head, int64_t j_begin, int64_t len,
+                       const float* const* e, int64_t c0, Vec16 (*acc_out)[kVecs], float* scratch) {
+  // The accumulators in a local array, so that they stay in registers over the loop.
   Vec16 acc[NQ][kVecs];
   for (int t = 0; t < NQ; ++t)
-    for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::zero();
-  alignas(64) float scratch[simd::kLanes * HD];
+    for (int v = 0; v < kVecs; ++v) acc[t][v] = acc_out[t][v];
   const E* pages = static_cast<const E*>(a.v_pages);
-  for (int64_t j0 = 0; j0 < len; j0 += simd::kLanes) {
+  for (int64_t j0 = j_begin; j0 < len; j0 += simd::kLanes) {
     if (const int64_t ahead = j0 + kPrefetchSlots; ahead < len) {  // as for keys; packed slots excepted
       if (ahead >= a.prefix_len) {
         prefetch_value_rows<HD, kVecs>(value_rows<HD>(pages, a, kv_head, place_of(a, ahead)), c0);
@@ -623,10 +623,50 @@ void attention_values_of(const PagedAttentionArgs& a, int64_t kv_head, int64_t l
       accumulate_values<HD, NQ, kVecs>(packed_value_rows<HD>(a, kv_head, j0, scratch), n, e, j0, c0, acc);
     }
   }
+  for (int t = 0; t < NQ; ++t)
+    for (int v = 0; v < kVecs; ++v) acc_out[t][v] = acc[t][v];
+}
+
+// out_t = acc[t] / sums[t], channels [c0, c0 + 16 * kVecs).
+template <int NQ, int kVecs>
+inline void store_outputs(const Vec16 (*acc)[kVecs], const float* sums, float* const* out, int64_t c0) {
   for (int t = 0; t < NQ; ++t) {
     const Vec16 s = simd::set1(sums[t]);
     for (int v = 0; v < kVecs; ++v) simd::store(out[t] + c0 + v * simd::kLanes, simd::div(acc[t][v], s));
   }
+}
+
+// out_t = (sum_j e_t[j] v_j) / sum_t for NQ query vectors of one row (same length), channels
+// [c0, c0 + 16 * kVecs).
+template <int HD, int NQ, int kVecs, typename E>
+void attention_values_of(const PagedAttentionArgs& a, int64_t kv_head, int64_t len, const float* const* e,
+                         const float* sums, float* const* out, int64_t c0) {
+  Vec16 acc[NQ][kVecs];
+  for (int t = 0; t < NQ; ++t)
+    for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::zero();
+  alignas(64) float scratch[simd::kLanes * HD];
+  accumulate_blocks<HD, NQ, kVecs, E>(a, kv_head, 0, len, e, c0, acc, scratch);
+  store_outputs<NQ, kVecs>(acc, sums, out, c0);
+}
+
+// attention_values_of for R consecutive rows of G query vectors each (e, sums and out row-major:
+// row r's vectors at r * G), the first row of length len0 and each next one slot longer: the
+// blocks every row fills completely are read once for all R * G vectors, the rest row by row, so
+// each vector's chain is the one attention_values_of gives it, with a verify window's rows sharing
+// the reads of the values (a decode step is one row).
+template <int HD, int G, int R, int kVecs, typename E>
+void attention_values_rows(const PagedAttentionArgs& a, int64_t kv_head, int64_t len0, const float* const* e,
+                           const float* sums, float* const* out, int64_t c0) {
+  Vec16 acc[R * G][kVecs];
+  for (int t = 0; t < R * G; ++t)
+    for (int v = 0; v < kVecs; ++v) acc[t][v] = simd::zero();
+  alignas(64) float scratch[simd::kLanes * HD];
+  const int64_t shared = len0 / simd::kLanes * simd::kLanes;
+  accumulate_blocks<HD, R * G, kVecs, E>(a, kv_head, 0, shared, e, c0, acc, scratch);
+  for (int r = 0; r < R; ++r) {
+    accumulate_blocks<HD, G, kVecs, E>(a, kv_head, shared, len0 + r, e + r * G, c0, acc + r * G, scratch);
+  }
+  store_outputs<R * G, kVecs>(acc, sums, out, c0);
 }
 
 template <int HD, int NQ, int kVecs = HD / simd::kLanes>
@@ -664,6 +704,38 @@ void attention_values_dispatch(const PagedAttentionArgs& a, int64_t kv_head, int
   }
 }
 
+// How many rows share one pass over the values in attention_values_rows: 12 query vectors of two
+// channel vectors each keep 24 accumulators in registers; 0 when a row alone has more than 4.
+inline int64_t rows_sharing_values(int64_t group) { return group <= 4 ? 12 / group : 0; }
+
+template <int HD, int G, typename E>
+void attention_values_rows_of(const PagedAttentionArgs& a, int64_t kv_head, int64_t len0, const float* const* e,
+                              const float* sums, float* const* out) {
+  for (int64_t c0 = 0; c0 < HD; c0 += 2 * simd::kLanes) {
+    attention_values_rows<HD, G, 12 / G, 2, E>(a, kv_head, len0, e, sums, out, c0);
+  }
+}
+
+// rows_sharing_values(group) rows from one of length len0 (query vectors row-major).
+template <int HD>
+void attention_values_rows_dispatch(const PagedAttentionArgs& a, int64_t kv_head, int64_t group, int64_t len0,
+                                    const float* const* e, const float* sums, float* const* out) {
+  const bool bf16 = a.kv_element == KvElement::kBFloat16;
+  switch (group) {
+#define VC_CASE(G)                                                                     \
+  case G:                                                                              \
+    if (bf16) {                                                                        \
+      attention_values_rows_of<HD, G, uint16_t>(a, kv_head, len0, e, sums, out);       \
+    } else {                                                                           \
+      attention_values_rows_of<HD, G, float>(a, kv_head, len0, e, sums, out);          \
+    }                                                                                  \
+    break;
+    VC_CASE(1) VC_CASE(2) VC_CASE(3) VC_CASE(4)
+#undef VC_CASE
+    default: VC_CHECK(false, "attention_values_rows_dispatch: a group of more than 4 query heads");
+  }
+}
+
 // Requires n_heads / n_kv_heads <= kMaxQueries (checked when the model loads).
 template <int HD>
 void attention_hd(const PagedAttentionArgs& a, int64_t kv_head, int64_t row0, int64_t row1) {
@@ -689,15 +761,28 @@ void attention_hd(const PagedAttentionArgs& a, int64_t kv_head, int64_t row0, in
     const int64_t n_slots = a.cached_len + r1;  // the longest row in the tile
     attention_scores_dispatch<HD>(a, kv_head, q, count, 0, (n_slots + simd::kLanes - 1) / simd::kLanes * simd::kLanes,
                                   scores);
+    float sums[kMaxQueries];
+    float* out[kMaxQueries];
     for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t t = (r - r0) * group + g;
+        sums[t] = softmax_numerators(scores[t], a.cached_len + r + 1);
+        out[t] = a.out + r * a.out_row_stride + (kv_head * group + g) * HD;
+      }
+    }
+    // Rows in runs that share the reads of the values where the runs' vectors fit the registers,
+    // the rest one by one: the same bits either way (attention_values_rows).
+    int64_t r = r0;
+    if (const int64_t run = rows_sharing_values(group); run > 0) {
+      for (; r + run <= r1; r += run) {
+        const int64_t first = (r - r0) * group;
+        attention_values_rows_dispatch<HD>(a, kv_head, group, a.cached_len + r + 1, scores + first, sums + first,
+                                           out + first);
+      }
+    }
+    for (; r < r1; ++r) {
       const int64_t len = a.cached_len + r + 1;
       const int64_t first = (r - r0) * group;
-      float sums[kMaxQueries];
-      float* out[kMaxQueries];
-      for (int64_t g = 0; g < group; ++g) {
-        sums[first + g] = softmax_numerators(scores[first + g], len);
-        out[first + g] = a.out + r * a.out_row_stride + (kv_head * group + g) * HD;
-      }
       for (int64_t g = 0; g < group; g += 4) {
         const int n = static_cast<int>(std::min<int64_t>(4, group - g));
         attention_values_dispatch<HD>(a, kv_head, len, scores + first + g, sums + first + g, n, out + first + g);

@@ -22,7 +22,8 @@ const KernelTable* avx512_kernels() {
 }
 
 const KernelTable* avx512_bf16_kernels() {
-  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  static const bool supported =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
   return supported ? &avx512_bf16_kernel_table() : nullptr;
 }
 

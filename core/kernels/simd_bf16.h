@@ -33,11 +33,35 @@ struct Pairs16 {
 
 inline Pairs16 set1_pair(uint32_t pair) { return {_mm512_set1_epi32(static_cast<int>(pair))}; }
 // Lane i = even[i] | odd[i] << 16 (16 bfloat16 values from each pointer).
+#if defined(__AVX512BW__)
+inline Pairs16 interleave_bf16(const uint16_t* even, const uint16_t* odd) {
+  const __m512i both =
+      _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even))),
+                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd)), 1);
+  const __m512i index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                         5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return {_mm512_permutexvar_epi16(index, both)};
+}
+// interleave_bf16 of 32 values from each pointer: lanes of values 0-15 in `first`, 16-31 in `second`.
+inline void interleave_bf16_32(const uint16_t* even, const uint16_t* odd, Pairs16* first, Pairs16* second) {
+  const __m512i e = _mm512_loadu_si512(even), o = _mm512_loadu_si512(odd);
+  const __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                       5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+  first->v = _mm512_permutex2var_epi16(e, low, o);
+  second->v = _mm512_permutex2var_epi16(e, high, o);
+}
+#else
 inline Pairs16 interleave_bf16(const uint16_t* even, const uint16_t* odd) {
   const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even)));
   const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd)));
   return {_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16))};
 }
+inline void interleave_bf16_32(const uint16_t* even, const uint16_t* odd, Pairs16* first, Pairs16* second) {
+  *first = interleave_bf16(even, odd);
+  *second = interleave_bf16(even + kLanes, odd + kLanes);
+}
+#endif
 // Lane i = even[i], its odd element zero.
 inline Pairs16 widen_bf16(const uint16_t* even) {
   return {_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even)))};
@@ -93,6 +117,10 @@ inline Pairs16 interleave_bf16(const uint16_t* even, const uint16_t* odd) {
   Pairs16 r;
   for (int i = 0; i < kLanes; ++i) r.v[i] = static_cast<uint32_t>(even[i]) | static_cast<uint32_t>(odd[i]) << 16;
   return r;
+}
+inline void interleave_bf16_32(const uint16_t* even, const uint16_t* odd, Pairs16* first, Pairs16* second) {
+  *first = interleave_bf16(even, odd);
+  *second = interleave_bf16(even + kLanes, odd + kLanes);
 }
 inline Pairs16 widen_bf16(const uint16_t* even) {
   Pairs16 r;
