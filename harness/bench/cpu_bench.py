@@ -171,9 +171,9 @@ COMPUTE_NOTES = {
     ],
     "integer": [
         "- VeriCache (compute integer) quantizes each activation row to 8-bit blocks of 32 and multiplies them by",
-        "  the weights' own codes with integer dot products (AVX-512 VNNI where present); float32 attention over",
-        "  the K/V column's cache (bfloat16 pages are widened exactly as they are read); a file with no quantized",
-        "  matrices (the F32 copy) computes in float32.",
+        "  the weights' own codes with integer dot products (AVX-512 VNNI where present); attention over the K/V",
+        "  column's cache: float32 pages in float32, bfloat16 pages in bfloat16 products accumulated in float32",
+        "  (vdpbf16ps where present); a file with no quantized matrices (the F32 copy) computes in float32.",
     ],
 }
 LLAMA_CPP_NOTE = [
