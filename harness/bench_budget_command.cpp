@@ -142,9 +142,8 @@ int run_bench_budget(int argc, char** argv) {
   shape.prompt.assign(context, 0);
   shape.max_new_tokens = decode_tokens;
   shape.ignore_eos = true;
-  const KvPageSpec spec = m.kv_page_spec(page_size);
   // One page: page_size slots of K and V of one layer.
-  const int64_t page_bytes = 2 * spec.n_kv_heads * spec.head_dim * page_size * at::elementSize(m.kv_dtype());
+  const int64_t page_bytes = m.kv_bytes_per_slot() * page_size;
   const int64_t full_pages = Generator::pages_needed(m, page_size, std::span(&shape, 1));
   const int64_t budget_pages = budget_gb > 0 ? static_cast<int64_t>(budget_gb * 1e9) / page_bytes
                                              : static_cast<int64_t>(budget_full_requests * static_cast<double>(full_pages));

@@ -295,9 +295,8 @@ int run_bench(int argc, char** argv) {
   const std::string engine = m.forward_path() == ForwardPath::kCpuKernels ? std::string(m.kernels().isa) + " kernels"
                                                                           : "torch forward";
   // Bytes a decode step must read at least: every weight matrix once, as held, plus each request's K/V.
-  const int64_t elem = c10::elementSize(m.kv_dtype());
   const int64_t weight_bytes = m.decode_weight_bytes();
-  const int64_t kv_bytes_per_token = 2 * m.config().n_layers * m.config().n_kv_heads * m.config().head_dim * elem;
+  const int64_t kv_bytes_per_token = m.config().n_layers * m.kv_bytes_per_slot();
   if (random || !vm["window"].defaulted()) {
     const WindowTimingSetup setup{m, model_name, random, engine, weight_bytes, kv_bytes_per_token, decode_tokens, page_size, json};
     return time_windows(setup, contexts, batches, windows);

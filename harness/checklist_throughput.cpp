@@ -31,7 +31,7 @@ Verdict throughput_model(const Setup& s, const std::vector<EngineRun>& runs, int
   constexpr double kHoldsWithin = 0.15;
   const LlamaModel& m = *s.model;
   const LlamaConfig& cfg = m.config();
-  const double slot_bytes = 2.0 * static_cast<double>(cfg.n_kv_heads * cfg.head_dim * at::elementSize(m.kv_dtype()));
+  const auto slot_bytes = static_cast<double>(m.kv_bytes_per_slot());
   const double weight_bytes = static_cast<double>(m.decode_weight_bytes());
   const auto batch = static_cast<int64_t>(s.prompts.size());
   const auto b = static_cast<double>(batch);

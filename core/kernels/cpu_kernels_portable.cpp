@@ -35,6 +35,9 @@ std::vector<const KernelTable*> supported_kernels() {
   return tables;
 }
 
-const KernelTable& best_kernels() { return *supported_kernels().back(); }
+const KernelTable& best_kernels() {
+  static const KernelTable* const best = supported_kernels().back();
+  return *best;
+}
 
 }  // namespace vericache::cpu

@@ -57,10 +57,6 @@ inline Pairs16 interleave_bf16(const uint16_t* even, const uint16_t* odd) {
   const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd)));
   return {_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16))};
 }
-inline void interleave_bf16_32(const uint16_t* even, const uint16_t* odd, Pairs16* first, Pairs16* second) {
-  *first = interleave_bf16(even, odd);
-  *second = interleave_bf16(even + kLanes, odd + kLanes);
-}
 #endif
 // Lane i = even[i], its odd element zero.
 inline Pairs16 widen_bf16(const uint16_t* even) {
@@ -118,10 +114,6 @@ inline Pairs16 interleave_bf16(const uint16_t* even, const uint16_t* odd) {
   for (int i = 0; i < kLanes; ++i) r.v[i] = static_cast<uint32_t>(even[i]) | static_cast<uint32_t>(odd[i]) << 16;
   return r;
 }
-inline void interleave_bf16_32(const uint16_t* even, const uint16_t* odd, Pairs16* first, Pairs16* second) {
-  *first = interleave_bf16(even, odd);
-  *second = interleave_bf16(even + kLanes, odd + kLanes);
-}
 inline Pairs16 widen_bf16(const uint16_t* even) {
   Pairs16 r;
   for (int i = 0; i < kLanes; ++i) r.v[i] = even[i];
@@ -150,6 +142,15 @@ inline Vec16 dot_bf16(Vec16 acc, Pairs16 a, Pairs16 b) {
   });
 }
 
+#endif
+
+#if !defined(__AVX512BW__)
+// interleave_bf16 of 32 values from each pointer: lanes of values 0-15 in `first`, 16-31 in
+// `second` (the AVX-512BW build permutes both at once).
+inline void interleave_bf16_32(const uint16_t* even, const uint16_t* odd, Pairs16* first, Pairs16* second) {
+  *first = interleave_bf16(even, odd);
+  *second = interleave_bf16(even + kLanes, odd + kLanes);
+}
 #endif
 
 }  // namespace vericache::simd

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include "model/ggml_dequant.h"
 #include "model/model_shapes.h"
@@ -87,16 +88,18 @@ std::string first_line(const c10::Error& e) {
 
 }  // namespace
 
+LlamaModel::LlamaModel(std::string file_path, const LoadOptions& options)
+    : file_path_(std::move(file_path)),
+      options_(options),
+      path_(options.device.is_cpu() ? ForwardPath::kCpuKernels : ForwardPath::kTorch),
+      kv_dtype_(options.dtype) {}
+
 Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& path, const LoadOptions& options) {
   if (options.device.is_cpu() && options.dtype != at::kFloat) {
     return Status::not_supported("the CPU forward computes in float32; load CPU models with dtype float32");
   }
   VC_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
-  std::unique_ptr<LlamaModel> model(new LlamaModel());
-  model->file_path_ = path;
-  model->options_ = options;
-  model->kv_dtype_ = options.dtype;
-  model->path_ = options.device.is_cpu() ? ForwardPath::kCpuKernels : ForwardPath::kTorch;
+  std::unique_ptr<LlamaModel> model(new LlamaModel(path, options));
   VC_ASSIGN_OR_RETURN(model->config_, LlamaConfig::from_gguf(file));
   VC_ASSIGN_OR_RETURN(model->tokenizer_, Tokenizer::from_gguf(file));
   if (model->tokenizer_.vocab_size() != model->config_.vocab_size) {
@@ -133,11 +136,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::with_random_weights(const std::s
       return Status::not_supported(message);
     }
   }
-  std::unique_ptr<LlamaModel> model(new LlamaModel());
-  model->file_path_ = "random-weights:" + named.name;
-  model->options_ = options;
-  model->kv_dtype_ = options.dtype;
-  model->path_ = options.device.is_cpu() ? ForwardPath::kCpuKernels : ForwardPath::kTorch;
+  std::unique_ptr<LlamaModel> model(new LlamaModel("random-weights:" + named.name, options));
   model->config_ = named.config;
   model->tied_embeddings_ = named.tied_embeddings;
   model->weight_type_ = kRandomWeightType;
@@ -465,6 +464,10 @@ Status LlamaModel::set_forward_path(ForwardPath path) {
   }
   path_ = path;
   return Status();
+}
+
+int64_t LlamaModel::kv_bytes_per_slot() const {
+  return 2 * config_.n_kv_heads * config_.head_dim * static_cast<int64_t>(c10::elementSize(kv_dtype_));
 }
 
 Status LlamaModel::set_kv_dtype(at::ScalarType dtype) {

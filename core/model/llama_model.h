@@ -160,9 +160,12 @@ class LlamaModel {
   // The element type of the KV pages forwards read and write: the model dtype unless set_kv_dtype
   // chose otherwise. Every pool handed to forward() must have it.
   at::ScalarType kv_dtype() const { return kv_dtype_; }
+  // Bytes of one token's K and V in one layer, in kv_dtype() (a page holds page_size of them).
+  int64_t kv_bytes_per_slot() const;
   // The CPU kernels keep K/V in float32 pages or in bfloat16 pages (half the bytes: K and V are
-  // rounded to nearest even as they are written, and widened exactly as attention reads them, so
-  // the forward stays row-count invariant and bitwise equal across kernel builds). Other paths keep
+  // rounded to nearest even as they are written, and attention over them computes in bfloat16
+  // products, kernels/cpu_kernels.h; the forward stays row-count invariant and bitwise equal across
+  // kernel builds). Other paths keep
   // the model dtype. InvalidArgument for another choice. Pools made before keep their dtype (and
   // forward() refuses them); not while a forward runs.
   Status set_kv_dtype(at::ScalarType dtype);
@@ -234,7 +237,9 @@ class LlamaModel {
     Weight w_down;         // [d_model, d_ff]
   };
 
-  LlamaModel() = default;
+  // The load paths' common start: the file (or the random weights' name), the options, and what
+  // follows from them (the forward path; K/V pages in the model dtype).
+  LlamaModel(std::string file_path, const LoadOptions& options);
   Status load_weights(const GgufFile& file);
   Status draw_random_weights(uint64_t seed);
   // What load() and with_random_weights() share once the weights are in place.
