@@ -5,10 +5,11 @@
 // Per context, request i of a batch takes the i-th stretch of `context` tokens of the text (all the
 // same stretch with --same-prompt); each prompt is prefilled once (every offline compressor sees the
 // prefill through update()) and compressed once per compressor, and the engine's requests start
-// from copies of those prefills. The full-KV baseline decodes the same prompts, once for the
-// reference tokens and again just before each VeriCache run, whose ratios are against that adjacent
-// run (the machine's speed drifts: on a shared 2-core VM two baselines minutes apart differed by
-// 25%). Every VeriCache run is checked token for token against the baseline (greedy).
+// from copies of those prefills. The full-KV baseline decodes the same prompts before the first
+// VeriCache run of a batch size and again after each one, and a run's ratios are against the mean
+// of the baselines just before and just after it (the machine's speed drifts: on a shared 2-core
+// VM two baselines minutes apart differed by 25%; the table's drift column is how far the two
+// apart). Every VeriCache run is checked token for token against the baseline (greedy).
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
@@ -44,7 +45,8 @@ int run_bench_engine(int argc, char** argv) {
       "vericache bench-engine: decode tokens/s of VeriCache against full-KV decoding in the same run\n"
       "(CPU, verification in place). Per context each request of a batch has its own prompt (the next\n"
       "stretch of the text), prefilled once and compressed once per compressor. The full-KV baseline\n"
-      "runs again just before each VeriCache run, and each row's ratios are against that run.\n"
+      "runs before the first VeriCache run and again after each, and each row's ratios are against\n"
+      "the mean of the baselines just before and just after it (drift: how far those two differ).\n"
       "Every run is checked token for token against the full-KV baseline.\n\nOptions");
   // clang-format off
   desc.add_options()
@@ -128,8 +130,8 @@ int run_bench_engine(int argc, char** argv) {
     std::printf(
         "| context | batch | compressor | policy | x | drafts per window | windows of none | full-KV tok/s | VeriCache "
         "tok/s | speedup | mean acceptance length | acceptance rate | draft step ms | verify step ms | full-KV step ms "
-        "| verify cost (decode steps) | fallback steps | fallback cost (decode steps) | mismatches |\n");
-    std::printf("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "| verify cost (decode steps) | fallback steps | fallback cost (decode steps) | full-KV drift | mismatches |\n");
+    std::printf("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
 
   for (int64_t context : contexts) {
@@ -170,13 +172,15 @@ int run_bench_engine(int argc, char** argv) {
     }
 
     for (int64_t batch : batches) {
-      // Full-KV baseline: B copies of the prefill, one token per request per step.
+      // Full-KV baseline: B copies of the prefill, one token per request per step. Its tokens are
+      // the reference, its timing the first run's baseline before.
       std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: full-KV baseline\n",
                    static_cast<long long>(context), static_cast<long long>(batch));
       std::vector<PrefilledPrompt> copies;
       for (int64_t i = 0; i < batch; ++i) copies.push_back({&bases[i % prompt_count], next_logits[i % prompt_count]});
       auto full = decode_full_kv(m, copies, *base_pool, decode_tokens, page_size);
       if (!full.ok()) return report_error(full.status());
+      double before_step_ms = full->step_ms(), before_tok_s = full->tok_s();
 
       for (size_t c = 0; c < compressors->size(); ++c) {
         for (const auto& [policy, x] : runs) {
@@ -184,14 +188,6 @@ int run_bench_engine(int argc, char** argv) {
           std::fprintf(stderr, "[bench-engine] context %lld, batch %lld: %s, %s, x = %lld\n",
                        static_cast<long long>(context), static_cast<long long>(batch), (*compressors)[c]->name().c_str(),
                        policy_name, static_cast<long long>(x));
-          // The baseline's timing, adjacent to this run (its tokens must be the reference's).
-          auto adjacent = decode_full_kv(m, copies, *base_pool, decode_tokens, page_size);
-          if (!adjacent.ok()) return report_error(adjacent.status());
-          if (adjacent->tokens != full->tokens) {
-            return report_error(Status::internal("full-KV decoding gave other tokens on a second run"));
-          }
-          const double baseline_step_ms = adjacent->step_ms();
-          const double baseline_tok_s = adjacent->tok_s();
           EngineOptions options;
           options.draft_length = x;
           options.draft_policy = policy;
@@ -216,6 +212,18 @@ int run_bench_engine(int argc, char** argv) {
           const double t0 = now_seconds();
           if (Status s = engine.run(); !s.ok()) return report_error(s);
           const double seconds = now_seconds() - t0;
+          // The baseline again, right after this run (its tokens must be the reference's): this
+          // run's ratios are against the mean of it and the one before, which the next run reuses.
+          auto after = decode_full_kv(m, copies, *base_pool, decode_tokens, page_size);
+          if (!after.ok()) return report_error(after.status());
+          if (after->tokens != full->tokens) {
+            return report_error(Status::internal("full-KV decoding gave other tokens on a second run"));
+          }
+          const double baseline_step_ms = 0.5 * (before_step_ms + after->step_ms());
+          const double baseline_tok_s = 2.0 / (1.0 / before_tok_s + 1.0 / after->tok_s());  // equal tokens each
+          const double drift = (after->step_ms() - before_step_ms) / baseline_step_ms;
+          before_step_ms = after->step_ms();
+          before_tok_s = after->tok_s();
           const std::vector<EngineResult> results = engine.take_finished();
           const int64_t mismatches = count_mismatches(results, full->tokens);
           total_mismatches += mismatches;
@@ -243,6 +251,7 @@ int run_bench_engine(int argc, char** argv) {
                                {"draft_step_ms", draft_ms},
                                {"verify_step_ms", verify_ms},
                                {"full_kv_step_ms", baseline_step_ms},
+                               {"full_kv_drift", drift},
                                {"verify_cost_decode_steps", verify_ms / baseline_step_ms},
                                {"draft_cost_decode_steps", draft_ms / baseline_step_ms},
                                {"fallback_steps", times.fallback_steps},
@@ -262,13 +271,13 @@ int run_bench_engine(int argc, char** argv) {
             if (times.fallback_steps > 0) std::snprintf(fallback_cost, sizeof fallback_cost, "%.2f", fallback_ms / baseline_step_ms);
             std::printf(
                 "| %lld | %lld | %s | %s | %lld | %.2f | %lld | %.1f | %.1f | %.2fx | %.2f | %.3f | %.1f | %.1f | %.1f | "
-                "%.2f | %lld | %s | %lld |\n",
+                "%.2f | %lld | %s | %+.0f%% | %lld |\n",
                 static_cast<long long>(context), static_cast<long long>(batch), (*compressors)[c]->name().c_str(),
                 policy_name, static_cast<long long>(x), t.mean_window(),
                 static_cast<long long>(t.verify_windows - t.drafts), baseline_tok_s, tok_s, tok_s / baseline_tok_s, t.mean_acceptance_length(),
                 t.acceptance_rate(), draft_ms, verify_ms, baseline_step_ms, verify_ms / baseline_step_ms,
                 static_cast<long long>(times.fallback_steps),
-                fallback_cost,
+                fallback_cost, 100.0 * drift,
                 static_cast<long long>(mismatches));
             std::fflush(stdout);
           }

@@ -695,6 +695,9 @@ TEST(Cli, BenchEngineDecodesDistinctPromptsPerRequest) {
   EXPECT_EQ(row["prompts"], "a different stretch of the text per request");
   EXPECT_EQ(row["text"], set);
   EXPECT_EQ(row["distinct_outputs"], 2);  // two prompts, two greedy continuations
+  // Its baseline is the mean of the full-KV runs just before and just after it; drift is how they differ.
+  EXPECT_GT(row["full_kv_step_ms"].get<double>(), 0.0);
+  EXPECT_LT(std::abs(row["full_kv_drift"].get<double>()), 2.0);  // |after - before| < 2 x their mean
   const CliRun same = run_vericache("bench-engine --json --contexts 256 --batches 2 --compressors snapkv "
                                     "--draft-lengths 4 --decode-tokens 8 --same-prompt --text-file " + set);
   ASSERT_EQ(same.exit_code, 0) << same.err;

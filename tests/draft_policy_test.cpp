@@ -60,7 +60,7 @@ TEST(DraftPolicy, TiersClimbOnAcceptanceAndFallOnRejection) {
   DraftPolicyOptions o;
   o.kind = DraftPolicyKind::kTiers;
   o.tier_smoothing = 1.0;  // the newest window alone
-  DraftPolicy p(o, 25, 0);
+  DraftPolicy p(o, 25);
   DraftPolicyState s;
   EXPECT_EQ(p.next_window(s, {}), 4);
   p.observe_window(s, 4, 4);
@@ -83,16 +83,16 @@ TEST(DraftPolicy, ConfidenceStopsBelowItsThresholdOnly) {
   DraftPolicyOptions o;
   o.kind = DraftPolicyKind::kConfidence;
   o.min_confidence = 0.6;
-  const DraftPolicy p(o, 8, 0);
+  const DraftPolicy p(o, 8);
   EXPECT_EQ(p.next_window({}, {}), 8);
   EXPECT_TRUE(p.stops_window(0.59));
   EXPECT_FALSE(p.stops_window(0.6));
   o.kind = DraftPolicyKind::kFixed;
-  EXPECT_FALSE(DraftPolicy(o, 8, 0).stops_window(0.0));  // only the confidence policy stops windows
+  EXPECT_FALSE(DraftPolicy(o, 8).stops_window(0.0));  // only the confidence policy stops windows
 }
 
-// Forwards whose seconds follow request_s = 1 ms per item and 1 ns per byte read.
-// Goodput, probing with windows of 3 after 5 tokens at 0 (the interval doubling up to 30).
+// Forwards whose seconds follow 10 ms per forward (the weights), 1 ms per item and 1 ns per cache
+// byte read. Goodput, probing with windows of 3 after 5 tokens at 0 (the interval doubling up to 30).
 DraftPolicyOptions goodput_options() {
   DraftPolicyOptions o;
   o.kind = DraftPolicyKind::kGoodput;
@@ -111,15 +111,25 @@ void observe_linear_forwards(DraftPolicy& p, double weight_bytes) {
   }
 }
 
+// A request's first window, in place: 0 (its cost is plain decoding), so the fit sees a forward
+// on KV_full without drafts. Over a link a window of 0 would cost a copy: a probe instead.
+DraftPolicyState after_first_window(DraftPolicy& p, const RequestReads& reads) {
+  DraftPolicyState s;
+  EXPECT_EQ(p.next_window(s, reads), 0);
+  EXPECT_EQ(p.next_window(s, RequestReads{reads.comp_bytes, reads.full_bytes, true}), p.options().probe_length);
+  p.observe_window(s, 0, 0);
+  return s;
+}
+
 TEST(DraftPolicy, GoodputFallsBackToFullKvAndProbesAgain) {
   const double weights = kWeightBytes;
-  DraftPolicy p(goodput_options(), 16, weights);
-  DraftPolicyState s;
+  DraftPolicy p(goodput_options(), 16);
   const RequestReads reads{1e6, 4e6, false};
+  DraftPolicyState s = after_first_window(p, reads);
   EXPECT_EQ(p.next_window(s, reads), 3);  // nothing fitted yet: a probe
   observe_linear_forwards(p, weights);
   const WindowCosts c = p.costs_for(reads);
-  // The weights' share is theirs divided by the last forward's items (1 here).
+  // The per-forward cost is shared by the last forward's items (1 here).
   EXPECT_NEAR(c.draft_step_s, 1e-3 + (weights + 1e6) * 1e-9, 1e-6);
   EXPECT_NEAR(c.verify_s, 1e-3 + (weights + 4e6) * 1e-9, 1e-6);
   EXPECT_NEAR(c.verify_row_s, 0.0, 1e-6);
@@ -150,32 +160,60 @@ TEST(DraftPolicy, GoodputFallsBackToFullKvAndProbesAgain) {
 
 TEST(DraftPolicy, GoodputDoesNotProbeWhereEvenPerfectDraftsCannotPay) {
   const DraftPolicyOptions o = goodput_options();
-  DraftPolicy p(o, 16, kWeightBytes);
-  DraftPolicyState s;
+  DraftPolicy p(o, 16);
   // A draft step reads as much as a verify (15 ms each): a window of w costs (w + 1) x 15 ms for at
   // most w + 1 tokens, never better than window 0's 1 token in 15 ms.
   const RequestReads same{4e6, 4e6, false};
+  DraftPolicyState s = after_first_window(p, same);
   EXPECT_EQ(p.next_window(s, same), 3);  // nothing fitted yet: a probe
   observe_linear_forwards(p, kWeightBytes);
   EXPECT_EQ(p.next_window(s, same), 0);  // no window seen, yet no probe
-  for (int64_t i = 0; i < o.probe_every_max; ++i) {
+  for (int64_t i = 1; i < o.probe_every_max; ++i) {  // the first window was one of them
     EXPECT_EQ(p.next_window(s, same), 0) << i;  // past probe_every: still none
     p.observe_window(s, 0, 0);
   }
   EXPECT_EQ(p.next_window(s, same), 3);  // the longest interval's probe refreshes the costs
   // A draft step that reads a quarter of the bytes: drafting could pay, so the usual rules (no
   // window seen yet: a probe).
-  EXPECT_EQ(p.next_window(DraftPolicyState{}, RequestReads{1e6, 4e6, false}), 3);
+  const RequestReads less{1e6, 4e6, false};
+  EXPECT_EQ(p.next_window(after_first_window(p, less), less), 3);
+}
+
+// The engine's first forwards at batch 1, 8K-like: a forward costs 4 ms, 0.1 ns per cache byte
+// and 3.5 ms per further row; KV_comp is a quarter of KV_full. Drafts (KV_comp, one row) and
+// verifies (KV_full, more rows) alone fit exactly with a draft step as dear as a decode step
+// (request 8.6 ms, row 8.1 ms), which rules drafting out for the next probe_every_max tokens: the
+// first window, at 0, is what tells the costs apart.
+TEST(DraftPolicy, GoodputTellsItsCostsApartFromTheFirstWindowAndOneProbe) {
+  const double full = 1.84e8, comp = 4.6e7;
+  auto seconds = [](double rows, double bytes) { return 4e-3 + rows * 3.5e-3 + bytes * 1e-10; };
+  DraftPolicy p(goodput_options(), 16);
+  const RequestReads reads{comp, full, false};
+  DraftPolicyState s;
+  int64_t w = p.next_window(s, reads);
+  ASSERT_EQ(w, 0);  // the first window decodes on KV_full
+  p.observe_forward(1, 0, full, seconds(0, full));
+  p.observe_window(s, 0, 0);
+  w = p.next_window(s, reads);
+  ASSERT_EQ(w, 3);  // nothing fitted: a probe, every draft accepted
+  for (int64_t i = 0; i < w; ++i) p.observe_forward(1, 0, comp, seconds(0, comp));
+  p.observe_forward(1, w, full, seconds(static_cast<double>(w), full));
+  p.observe_window(s, w, w);
+  const WindowCosts c = p.costs_for(reads);
+  EXPECT_NEAR(c.draft_step_s, seconds(0, comp), 1e-9);
+  EXPECT_NEAR(c.verify_s, seconds(0, full), 1e-9);
+  EXPECT_NEAR(c.verify_row_s, 3.5e-3, 1e-9);
+  EXPECT_EQ(p.next_window(s, reads), 6);  // drafting pays: twice the probe
 }
 
 TEST(DraftPolicy, GoodputWindowsGrowAtMostTwofoldBeyondTheLongestSeen) {
-  DraftPolicy p(goodput_options(), 16, kWeightBytes);
+  DraftPolicy p(goodput_options(), 16);
   observe_linear_forwards(p, kWeightBytes);
-  DraftPolicyState s;
   const RequestReads reads{1e6, 4e6, false};  // drafting pays when drafts are accepted
-  EXPECT_EQ(p.next_window(s, reads), 3);     // no window seen: a probe
-  p.observe_window(s, 3, 3);                 // every draft accepted: alpha = 1 extrapolated
-  EXPECT_EQ(p.next_window(s, reads), 6);     // not 16
+  DraftPolicyState s = after_first_window(p, reads);
+  EXPECT_EQ(p.next_window(s, reads), 3);  // no window seen: a probe
+  p.observe_window(s, 3, 3);              // every draft accepted: alpha = 1 extrapolated
+  EXPECT_EQ(p.next_window(s, reads), 6);  // not 16
   p.observe_window(s, 6, 6);
   EXPECT_EQ(p.next_window(s, reads), 12);
   p.observe_window(s, 12, 12);
@@ -186,7 +224,7 @@ TEST(DraftPolicy, TestWindowsOverrideEveryPolicy) {
   DraftPolicyOptions o;
   o.kind = DraftPolicyKind::kGoodput;
   o.test_windows = {0, 5};
-  DraftPolicy p(o, 8, 0);
+  DraftPolicy p(o, 8);
   DraftPolicyState s;
   EXPECT_EQ(p.next_window(s, {}), 0);
   p.observe_window(s, 0, 0);

@@ -174,5 +174,28 @@ TEST(ForwardCostFit, RecoversExactCostsAndNeverGoesNegative) {
   EXPECT_GT(falling.request_s, 0.0);
 }
 
+// The draft policy's fit: a cost per forward (the weights) besides cache bytes in the hundreds of
+// megabytes and rows in ones, at one batch size, where a cost per request is the same column as
+// the one per forward. The costs come back exactly, and the two collinear terms are never fitted
+// together (a solver that compared its pivots across rows of different scales called the full
+// model singular here and fitted the rows' cost into the bytes').
+TEST(ForwardCostFit, FitsACostPerForwardAtOneBatchSize) {
+  auto seconds = [](double rows, double bytes) { return 4e-3 + rows * 3.5e-3 + bytes * 1e-10; };
+  std::vector<ForwardSample> samples;
+  samples.push_back({1, 0, 1.84e8, seconds(0, 1.84e8), 1});  // a decode step on the full cache
+  for (double rows : {2.0, 4.0, 8.0, 16.0}) {
+    for (int d = 0; d < 5; ++d) samples.push_back({1, 0, 4.6e7 + d * 2.3e4, seconds(0, 4.6e7 + d * 2.3e4), 1});
+    samples.push_back({1, rows, 1.84e8, seconds(rows, 1.84e8), 1});
+  }
+  const ForwardCosts fit = fit_forward_costs(samples, FitTerms::kPerForward);
+  EXPECT_NEAR(fit.forward_s + fit.request_s, 4e-3, 1e-9);
+  EXPECT_EQ(fit.forward_s * fit.request_s, 0.0);
+  EXPECT_NEAR(fit.row_s, 3.5e-3, 1e-9);
+  EXPECT_NEAR(fit.seconds_per_byte, 1e-10, 1e-16);
+  for (const ForwardSample& s : samples) EXPECT_NEAR(fit.predict(1, s.further_rows, s.bytes), s.seconds, 1e-9);
+  // Eq. 3's terms (the default) never fit a per-forward cost.
+  EXPECT_EQ(fit_forward_costs(samples).forward_s, 0.0);
+}
+
 }  // namespace
 }  // namespace vericache::sim

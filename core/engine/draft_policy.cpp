@@ -93,8 +93,8 @@ int64_t goodput_window(std::span<const double> alphas, const WindowCosts& costs,
   return best;
 }
 
-DraftPolicy::DraftPolicy(DraftPolicyOptions options, int64_t max_drafts, double weight_bytes)
-    : options_(options), max_drafts_(std::max<int64_t>(max_drafts, 1)), weight_bytes_(weight_bytes) {}
+DraftPolicy::DraftPolicy(DraftPolicyOptions options, int64_t max_drafts)
+    : options_(options), max_drafts_(std::max<int64_t>(max_drafts, 1)) {}
 
 int64_t DraftPolicy::next_window(const DraftPolicyState& state, const RequestReads& reads) const {
   const std::vector<int64_t>& scripted = options_.test_windows;
@@ -147,24 +147,24 @@ void DraftPolicy::observe_window(DraftPolicyState& state, int64_t drafted, int64
 
 void DraftPolicy::observe_forward(int64_t items, int64_t further_rows, double cache_bytes, double seconds) {
   if (items <= 0 || seconds <= 0) return;
-  push_bounded(forwards_,
-               sim::ForwardSample{static_cast<double>(items), static_cast<double>(further_rows),
-                                  weight_bytes_ + cache_bytes, seconds, 1.0},
-               kForwardHistory);
+  const sim::ForwardSample sample{static_cast<double>(items), static_cast<double>(further_rows), cache_bytes, seconds};
+  push_bounded(forwards_, sample, kForwardHistory);
   items_per_forward_ = static_cast<double>(items);
   if (++forwards_since_fit_ < kRefitEvery && forwards_.size() >= static_cast<size_t>(kRefitEvery)) return;
   if (forwards_.size() < kMinForwards) return;
   forwards_since_fit_ = 0;
-  costs_ = sim::fit_forward_costs(std::vector<sim::ForwardSample>(forwards_.begin(), forwards_.end()));
-  fitted_ = costs_.request_s > 0 || costs_.row_s > 0 || costs_.seconds_per_byte > 0;
+  costs_ = sim::fit_forward_costs(std::vector<sim::ForwardSample>(forwards_.begin(), forwards_.end()),
+                                  sim::FitTerms::kPerForward);
+  fitted_ = costs_.forward_s > 0 || costs_.request_s > 0 || costs_.row_s > 0 || costs_.seconds_per_byte > 0;
 }
 
 WindowCosts DraftPolicy::costs_for(const RequestReads& reads) const {
   if (!fitted_) return {};
-  const double weights_share = weight_bytes_ / items_per_forward_;
+  // The per-forward cost (the weights) is shared by the items of a forward.
+  const double own = costs_.forward_s / items_per_forward_ + costs_.request_s;
   WindowCosts c;
-  c.draft_step_s = costs_.request_s + costs_.seconds_per_byte * (weights_share + reads.comp_bytes);
-  c.verify_s = costs_.request_s + costs_.seconds_per_byte * (weights_share + reads.full_bytes);
+  c.draft_step_s = own + costs_.seconds_per_byte * reads.comp_bytes;
+  c.verify_s = own + costs_.seconds_per_byte * reads.full_bytes;
   c.verify_row_s = costs_.row_s;
   if (reads.transfer && link_bytes_per_second_ > 0) c.copy_s = reads.full_bytes / link_bytes_per_second_;
   return c;
@@ -172,6 +172,10 @@ WindowCosts DraftPolicy::costs_for(const RequestReads& reads) const {
 
 int64_t DraftPolicy::goodput_next(const DraftPolicyState& state, const RequestReads& reads) const {
   const int64_t probe = std::min(options_.probe_length, max_drafts_);
+  // In place, a request's first window decodes on KV_full: plain decoding, so free, and it gives the
+  // fit a forward that reads the full cache without drafts. Drafts (KV_comp, one row) and verifies
+  // (KV_full, more rows) alone cannot tell a cost per byte from one per request or per row.
+  if (state.windows_seen == 0 && !reads.transfer) return 0;
   if (!fitted_) return probe;
   const WindowCosts costs = costs_for(reads);
   // No window pays even if every draft were accepted: the costs alone say decode on KV_full, and

@@ -17,7 +17,11 @@
 //               request's first window). Seconds come from forward costs fitted online
 //               (sim/forward_cost_fit.h) to the engine's recent decode forwards (draft and verify
 //               forwards, no prefill): each request's share of a forward is its item, its further
-//               rows, its cache's bytes and an equal share of the weights. Transfer mode adds the
+//               rows, its cache's bytes and an equal share of the forward's own cost (the weights).
+//               In place, a request's first window is 0: one plain full-KV decode step, which
+//               costs nothing over full-KV decoding and gives the fit a forward reading KV_full
+//               without drafts, so a cost per byte can be told from one per request or per row
+//               (draft and verify forwards alone differ in both bytes and rows). Transfer mode adds the
 //               KV_full copy beyond what the drafting hides, at the link's measured rate. Window 0
 //               decodes one token on KV_full: on the CPU in place, plain full-KV decoding. A request
 //               at 0 drafts a probe window of `probe_length` after `probe_every` such tokens, so it
@@ -127,8 +131,8 @@ struct RequestReads {
 
 class DraftPolicy {
  public:
-  // `max_drafts`: x. `weight_bytes`: what one forward reads of the model's weights.
-  DraftPolicy(DraftPolicyOptions options, int64_t max_drafts, double weight_bytes);
+  // `max_drafts`: x.
+  DraftPolicy(DraftPolicyOptions options, int64_t max_drafts);
 
   const DraftPolicyOptions& options() const { return options_; }
   // The request's next window, before the engine's own limits (tokens left, context).
@@ -137,7 +141,8 @@ class DraftPolicy {
   bool stops_window(double top_probability) const;
   // A verified window of the request.
   void observe_window(DraftPolicyState& state, int64_t drafted, int64_t accepted);
-  // A decode forward: its items, its rows beyond each item's first, the cache bytes it read and its seconds.
+  // A decode forward: its items, its rows beyond each item's first, the cache bytes it read (KV_comp
+  // and KV_full; not the weights, which the fit's per-forward cost carries) and its seconds.
   void observe_forward(int64_t items, int64_t further_rows, double cache_bytes, double seconds);
   // Transfer mode: the link's measured rate (bytes per second; 0: unknown).
   void observe_link(double bytes_per_second) { link_bytes_per_second_ = bytes_per_second; }
@@ -150,13 +155,12 @@ class DraftPolicy {
 
   DraftPolicyOptions options_;
   int64_t max_drafts_;
-  double weight_bytes_;
   std::deque<sim::WindowSample> recent_windows_;  // every request's, newest last
   std::deque<sim::ForwardSample> forwards_;       // newest last
   int64_t forwards_since_fit_ = 0;
   sim::ForwardCosts costs_;
   bool fitted_ = false;
-  double items_per_forward_ = 1;  // of the most recent decode forward: the weights' share
+  double items_per_forward_ = 1;  // of the most recent decode forward: the share of its per-forward cost
   double link_bytes_per_second_ = 0;
 };
 

@@ -23,7 +23,7 @@ DraftVerifyEngine::DraftVerifyEngine(const LlamaModel& model, PagePool& device_p
       host_pool_(host_pool),
       options_(options),
       clock_(options.clock != nullptr ? options.clock : &steady_clock_),
-      policy_(options.draft_policy, options.draft_length, static_cast<double>(model.decode_weight_bytes())) {
+      policy_(options.draft_policy, options.draft_length) {
   Compressor* c = options_.compressor;
   if (c == nullptr || c->family() != CompressorFamily::kQuantization) return;
   Result<PackedFormat> format = checked_packed_format(*c, device_pool_.spec());

@@ -82,10 +82,11 @@ def main():
          f"batch 1 runs the first") +
         f"; each prompt prefilled once and compressed once at c = {args.ratio}; {args.decode_tokens} tokens per "
         f"request, EOS ignored",
-        "- full-KV tok/s: the baseline in the same run, decoded again just before each VeriCache row (the ratios of a "
-        "row are against that adjacent run: the machine's speed drifts between runs minutes apart; one token per "
-        "request per step); mismatches: tokens that "
-        "differ from it (must be 0)",
+        "- full-KV tok/s: the baseline in the same run, decoded before the first VeriCache row of a batch size and "
+        "again after each row; a row's ratios are against the mean of the baselines just before and just after it "
+        "(the machine's speed drifts between runs minutes apart; one token per request per step); full-KV drift: "
+        "how much slower (+) or faster (-) the baseline after the row ran than the one before, a gauge of the "
+        "noise in that row's ratios; mismatches: tokens that differ from it (must be 0)",
         "- mean acceptance length: 1 + accepted / drafts (vLLM's definition, the correction or bonus token "
         "included); acceptance rate: accepted / drafted",
         "- verify cost: one step carrying the verify windows, in full-KV decode steps; draft step likewise; "
@@ -98,8 +99,8 @@ def main():
         "| context | batch | compressor | policy | x | drafts per window | windows of none | full-KV tok/s "
         "| VeriCache tok/s | speedup | mean acceptance length "
         "| acceptance rate | draft step (decode steps) | verify step (decode steps) | fallback steps "
-        "| fallback step (decode steps) | full-KV step ms | mismatches |",
-        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| fallback step (decode steps) | full-KV step ms | full-KV drift | mismatches |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(f"| {r['context']} | {r['batch']} | {r['compressor']} | {r['draft_policy']} | {r['draft_length']} | "
@@ -109,7 +110,7 @@ def main():
                      f"{r['draft_cost_decode_steps']:.2f} | {r['verify_cost_decode_steps']:.2f} | "
                      f"{r['fallback_steps']} | "
                      f"{format(r['fallback_cost_decode_steps'], '.2f') if r['fallback_steps'] else '-'} | "
-                     f"{r['full_kv_step_ms']:.1f} | {r['mismatches']} |")
+                     f"{r['full_kv_step_ms']:.1f} | {100 * r['full_kv_drift']:+.0f}% | {r['mismatches']} |")
     write_atomically(args.out + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
