@@ -132,13 +132,15 @@ std::string first_difference(const DraftLogits& a, const DraftLogits& b) {
   return "";
 }
 
-// With an offline token dropper a window of no drafts leaves KV_comp behind (no copy: plain full-KV
-// decoding); the next window that drafts first brings it up to the committed tokens. The drafts are
-// then exactly those of an engine that refills KV_comp after every window — the same logits bit for
-// bit — with verified and drafted K/V, and the resident cache reported at the end is the same.
-// (Online compressors — KVzap and the quantizers — see every committed row through update() as its
-// forward computes it, so they refill after every window.) Skipping the catch-up (a test-only fault,
-// once, SnapKV with verified K/V) changes the drafts, so the comparison can fail.
+// With an offline token dropper or a quantizer a window of no drafts leaves KV_comp behind (no copy:
+// plain full-KV decoding); the next window that drafts first brings it up to the committed tokens.
+// An online compressor (KVzap, KIVI) sees the one row of a window of no drafts through update() as
+// the forward computes it, with no copy kept for the verdict (KVzap's drops then apply to its
+// KV_comp, which keeps up). The drafts are exactly those of an engine that treats every window as
+// one that drafts (refill after each, rows kept until the verdict) — the same logits bit for bit —
+// with verified and drafted K/V, and the resident cache reported at the end is the same. Skipping
+// the catch-up (a test-only fault, once, SnapKV with verified K/V) changes the drafts, so the
+// comparison can fail.
 TEST(DraftPolicies, KvCompLeftBehindByWindowsOfNoneIsCaughtUpBeforeDrafting) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);
@@ -149,7 +151,8 @@ TEST(DraftPolicies, KvCompLeftBehindByWindowsOfNoneIsCaughtUpBeforeDrafting) {
     DraftKv mode;
   };
   for (const Case& c : {Case{"snapkv", DraftKv::kVerified}, Case{"snapkv", DraftKv::kDrafted},
-                        Case{"expected_attention", DraftKv::kVerified}}) {
+                        Case{"expected_attention", DraftKv::kVerified}, Case{"kivi", DraftKv::kVerified},
+                        Case{"kvzap", DraftKv::kVerified}}) {
     auto compressor = testing::bundled_compressor(c.compressor, testing::params_for(c.compressor), *m);
     ASSERT_NE(compressor, nullptr);
     auto run = [&](bool eager, TestFaultKind fault, DraftLogits* sink) {

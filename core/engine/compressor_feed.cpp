@@ -92,9 +92,14 @@ Status feed_committed_rows(Compressor& compressor, std::span<const WindowRows> w
     all.v = w.v;
     all.positions = w.positions;
     // The committed rows are KV_comp's last `committed_rows` slots of this layer.
-    const int64_t cache_length = comp.length(static_cast<int64_t>(l)) - committed_rows;
+    const int64_t cache_length = comp.total_length(static_cast<int64_t>(l)) - committed_rows;
     VC_RETURN_IF_ERROR(update_for_request(compressor, all, 0, committed_rows, request_id, ratio, cache_length, &drops));
   }
+  return apply_request_drops(compressor, drops, request_id, comp, pool);
+}
+
+Status apply_request_drops(const Compressor& compressor, const std::vector<LayerDrops>& drops, int64_t request_id,
+                           SequenceKv& comp, PagePool& pool) {
   return apply_drops(compressor.name(), pool, [&](int64_t id) { return id == request_id ? &comp : nullptr; }, drops);
 }
 

@@ -42,6 +42,11 @@ Status record_prefill_drops(const std::string& compressor, std::span<const Layer
 Result<std::vector<at::Tensor>> kept_after_drops(const std::string& compressor, const DroppedPositions& dropped,
                                                  int64_t n, int64_t n_layers, int64_t n_kv_heads);
 
+// Applies update()'s `drops` for request `request_id` to its KV_comp `comp` (every position named
+// must be held there). PluginError for drops of another request or of a position not held.
+Status apply_request_drops(const Compressor& compressor, const std::vector<LayerDrops>& drops, int64_t request_id,
+                           SequenceKv& comp, PagePool& pool);
+
 // After a verify window: hands the first `committed_rows` rows of each layer's `window_rows` to
 // update() (KV_comp `comp` already ends with those rows), then applies the drops to `comp`.
 Status feed_committed_rows(Compressor& compressor, std::span<const WindowRows> window_rows, int64_t committed_rows,

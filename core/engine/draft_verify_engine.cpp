@@ -140,6 +140,7 @@ void DraftVerifyEngine::fall_back_to_full(EngineRequest& r, const Status& why) {
   r.full_only = true;
   release_comp(r);
   r.window_rows.clear();
+  r.row_drops.clear();
   r.dropped.clear();
   if (options_.compressor != nullptr) options_.compressor->release(r.id);
   if (r.phase == Phase::kDraft) {
@@ -246,8 +247,10 @@ Status DraftVerifyEngine::pack_comp(EngineRequest& r) {
 
 bool DraftVerifyEngine::defers_comp_refill(const EngineRequest& r) const {
   const Compressor* c = options_.compressor;
+  // An online dropper's drops apply to KV_comp as rows commit, so its KV_comp keeps up; a quantizer
+  // never drops (update() still sees every row), so its KV_comp can wait as an offline one's does.
   return r.drafts.empty() && !options_.eager_comp_refill_for_testing &&
-         (c == nullptr || c->mode() != CompressionMode::kOnline);
+         (c == nullptr || c->mode() != CompressionMode::kOnline || quantizer());
 }
 
 Status DraftVerifyEngine::catch_up_comp(EngineRequest& r) {
@@ -306,6 +309,12 @@ void DraftVerifyEngine::commit_window(EngineRequest& r, const float* rows) {
     r.window_rows.clear();
     if (!s.ok()) fall_back_to_full(r, s);
   }
+  if (!r.full_only && !r.row_drops.empty() && r.compressor_status.ok()) {
+    // A window of no drafts: update() saw its row during the forward; its drops apply now.
+    const Status s = apply_request_drops(*options_.compressor, r.row_drops, r.id, r.comp, device_pool_);
+    r.row_drops.clear();
+    if (!s.ok()) fall_back_to_full(r, s);
+  }
   if (quantizer() && !r.full_only && !defer) {
     if (Status s = pack_comp(r); !s.ok()) fall_back_to_full(r, s);
   }
@@ -324,11 +333,13 @@ void DraftVerifyEngine::commit_window(EngineRequest& r, const float* rows) {
 Status DraftVerifyEngine::run_forward(std::vector<EngineRequest*>& members, double stall_seconds) {
   std::vector<ForwardItem> batch;
   std::vector<Phase> phases;
+  std::vector<bool> feeds_row;  // verify of no drafts, online compressor: update() sees the row in the forward
   StepRecord record;
   record.stall_seconds = stall_seconds;
   record.start_seconds = clock_->now_seconds();
   for (EngineRequest* r : members) {
     phases.push_back(r->phase);
+    feeds_row.push_back(false);
     if (r->phase == Phase::kPrefill) {
       const auto n = static_cast<int64_t>(r->req.prompt.size());
       const int64_t take = std::min(options_.prefill_chunk, n - r->prefilled);
@@ -360,7 +371,12 @@ Status DraftVerifyEngine::run_forward(std::vector<EngineRequest*>& members, doub
       }
       ++record.verify_items;
       if (options_.compressor != nullptr && options_.compressor->mode() == CompressionMode::kOnline && !r->full_only) {
-        r->window_rows.assign(model_.config().n_layers, {});
+        // A window of no drafts commits its one row whatever the verdict: no copy of the rows is kept.
+        if (r->drafts.empty() && !options_.eager_comp_refill_for_testing) {
+          feeds_row.back() = true;
+        } else {
+          r->window_rows.assign(model_.config().n_layers, {});
+        }
       }
     }
     record.rows += static_cast<int64_t>(r->tokens.size());
@@ -387,6 +403,12 @@ Status DraftVerifyEngine::run_forward(std::vector<EngineRequest*>& members, doub
             r.compressor_status = record_prefill_drops(c->name(), drops, r.id, acts.layer, r.prefilled + n,
                                                        model_.config().n_layers, model_.config().n_kv_heads, &r.dropped);
           }
+        } else if (feeds_row[i]) {
+          // The cache the row attends to: KV_comp's for a dropper (which keeps up), every
+          // committed token for a quantizer (whose KV_comp may be left behind).
+          const int64_t cache_length = quantizer() ? r.committed : r.comp.total_length(acts.layer);
+          r.compressor_status =
+              update_for_request(*c, acts, begin, n, r.id, options_.ratio, cache_length, &r.row_drops);
         } else if (phases[i] == Phase::kVerify && !r.window_rows.empty()) {
           r.window_rows[acts.layer] =
               WindowRows{acts.residual.narrow(0, begin, n).clone(), acts.hidden.narrow(0, begin, n).clone(),

@@ -20,7 +20,9 @@
 //             the committed tokens' verified K/V (the rejected rows are truncated away); KV_comp
 //             is rolled back by position (SequenceKv::truncate_positions) and filled up to the
 //             committed length (DraftKv); an online compressor then sees the committed rows of
-//             this verify forward through update() and its drops are applied to KV_comp.
+//             this verify forward through update() and its drops are applied to KV_comp (a
+//             window of no drafts hands it its one row during the forward: that row is committed
+//             whatever the verdict, so no copy of it is kept).
 // An online compressor only ever sees committed tokens (never a draft that may be rolled back),
 // so no compressor state needs rolling back.
 //
@@ -114,8 +116,11 @@ struct EngineOptions {
   int64_t state_budget_bytes = 0;
   // Test-only: a fault the engine makes on purpose, so tests can show their checks fail.
   TestFault test_fault;
-  // Test-only: refill KV_comp after every window, also windows of no drafts (the engine defers
-  // that refill to the next window that drafts; tests compare the two).
+  // Test-only: treat windows of no drafts as windows that draft: refill KV_comp after each (the
+  // engine defers that refill to the next window that drafts, for offline compressors and
+  // quantizers), and keep an online compressor's rows until the verdict (the engine hands a window
+  // of no drafts its one row as the forward computes it, since that row is committed whatever the
+  // verdict). Tests compare the two.
   bool eager_comp_refill_for_testing = false;
 };
 
@@ -233,8 +238,8 @@ class DraftVerifyEngine {
   Status pack_comp(EngineRequest& r);
   // Whether the window r just verified leaves KV_comp's refill for later: a window of no drafts
   // read KV_full alone, so a request decoding on its full cache does what plain full-KV decoding
-  // does (no copy into KV_comp, no packing). An online compressor must see each committed row as
-  // its forward computes it, so its requests refill after every window.
+  // does (no copy into KV_comp, no packing). An online dropper's drops apply to KV_comp as rows
+  // commit, so its requests refill after every window; a quantizer never drops and defers too.
   bool defers_comp_refill(const EngineRequest& r) const;
   // Brings a KV_comp left behind up to the committed tokens (and packs them), before a window drafts
   // and when the request finishes. Failures are the quantizer's (pack()).

@@ -64,7 +64,8 @@ struct EngineRequest {
   bool verify_due = false;   // scheduler: its verify forward is due
   Status compressor_status;  // a failure inside this forward's observer
   DroppedPositions dropped;  // online compressor, prefill; empty until its first drop
-  std::vector<WindowRows> window_rows;     // online compressor, verify: one per layer
+  std::vector<WindowRows> window_rows;     // online compressor, verify with drafts: one per layer
+  std::vector<LayerDrops> row_drops;       // online compressor, verify of no drafts: update()'s drops
   std::vector<int32_t> tokens, positions;  // the current forward's input
   EngineResult result;
   DraftVerifyEngine::PageDemand demand;  // before prefill: what admission reserves
