@@ -183,27 +183,39 @@ TEST(DraftPolicy, GoodputDoesNotProbeWhereEvenPerfectDraftsCannotPay) {
 // and 3.5 ms per further row; KV_comp is a quarter of KV_full. Drafts (KV_comp, one row) and
 // verifies (KV_full, more rows) alone fit exactly with a draft step as dear as a decode step
 // (request 8.6 ms, row 8.1 ms), which rules drafting out for the next probe_every_max tokens: the
-// first window, at 0, is what tells the costs apart.
+// first window, at 0, is what tells the costs apart. Both cases are checked.
 TEST(DraftPolicy, GoodputTellsItsCostsApartFromTheFirstWindowAndOneProbe) {
   const double full = 1.84e8, comp = 4.6e7;
   auto seconds = [](double rows, double bytes) { return 4e-3 + rows * 3.5e-3 + bytes * 1e-10; };
-  DraftPolicy p(goodput_options(), 16);
   const RequestReads reads{comp, full, false};
+  // The engine's first forwards: the first window's unless skipped, then a probe of 3 drafts, all accepted.
+  auto after_probe = [&](DraftPolicy& p, DraftPolicyState& s, bool first_window) {
+    if (first_window) p.observe_forward(1, 0, full, seconds(0, full));
+    p.observe_window(s, 0, 0);
+    const int64_t w = p.next_window(s, reads);
+    EXPECT_EQ(w, 3);  // nothing fitted: a probe
+    for (int64_t i = 0; i < w; ++i) p.observe_forward(1, 0, comp, seconds(0, comp));
+    p.observe_forward(1, w, full, seconds(static_cast<double>(w), full));
+    p.observe_window(s, w, w);
+  };
+  DraftPolicy p(goodput_options(), 16);
   DraftPolicyState s;
-  int64_t w = p.next_window(s, reads);
-  ASSERT_EQ(w, 0);  // the first window decodes on KV_full
-  p.observe_forward(1, 0, full, seconds(0, full));
-  p.observe_window(s, 0, 0);
-  w = p.next_window(s, reads);
-  ASSERT_EQ(w, 3);  // nothing fitted: a probe, every draft accepted
-  for (int64_t i = 0; i < w; ++i) p.observe_forward(1, 0, comp, seconds(0, comp));
-  p.observe_forward(1, w, full, seconds(static_cast<double>(w), full));
-  p.observe_window(s, w, w);
+  ASSERT_EQ(p.next_window(s, reads), 0);  // the first window decodes on KV_full
+  after_probe(p, s, true);
   const WindowCosts c = p.costs_for(reads);
   EXPECT_NEAR(c.draft_step_s, seconds(0, comp), 1e-9);
   EXPECT_NEAR(c.verify_s, seconds(0, full), 1e-9);
   EXPECT_NEAR(c.verify_row_s, 3.5e-3, 1e-9);
   EXPECT_EQ(p.next_window(s, reads), 6);  // drafting pays: twice the probe
+  // Without that window's forward: a verify priced as a draft step, and no drafting.
+  DraftPolicy blind(goodput_options(), 16);
+  DraftPolicyState t;
+  after_probe(blind, t, false);
+  const WindowCosts wrong = blind.costs_for(reads);
+  EXPECT_NEAR(wrong.verify_s, seconds(0, comp), 1e-9);  // 8.6 ms, where a decode step takes 22.4
+  EXPECT_NEAR(wrong.draft_step_s, seconds(0, comp), 1e-9);
+  EXPECT_NEAR(wrong.verify_row_s, 8.1e-3, 1e-9);
+  EXPECT_EQ(blind.next_window(t, reads), 0);
 }
 
 TEST(DraftPolicy, GoodputWindowsGrowAtMostTwofoldBeyondTheLongestSeen) {
