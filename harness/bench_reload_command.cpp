@@ -60,6 +60,7 @@ class WindowCounts : public StepTimes {
  public:
   explicit WindowCounts(int64_t x) : x_(x) {}
   void on_window(const WindowRecord& w) override {
+    StepTimes::on_window(w);
     all.push_back(w);
     if (w.drafted != x_) return;  // the last windows of a request draft fewer
     Count& c = per_request[w.request_id];

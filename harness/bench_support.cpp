@@ -123,22 +123,6 @@ Status prefill_observed(const LlamaModel& model, PagePool& pool, SequenceKv& kv,
   return Status();
 }
 
-void StepTimes::on_step(const StepRecord& s) {
-  if (s.prefill_items > 0) return;
-  stall_seconds += s.stall_seconds;
-  if (s.verify_items > 0) {
-    verify_seconds += s.seconds;
-    ++verify_steps;
-    if (s.draft_items == 0 && s.rows == s.verify_items) {
-      fallback_seconds += s.seconds;
-      ++fallback_steps;
-    }
-  } else {
-    draft_seconds += s.seconds;
-    ++draft_steps;
-  }
-}
-
 int64_t count_mismatches(const std::vector<EngineResult>& results, const std::vector<std::vector<int32_t>>& want) {
   int64_t n = 0;
   for (const EngineResult& r : results)

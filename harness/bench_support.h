@@ -18,6 +18,7 @@
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
 #include "model/llama_model.h"
+#include "step_times.h"
 
 namespace vericache::cli {
 
@@ -57,24 +58,6 @@ Result<std::vector<int32_t>> bench_prompt(const LlamaModel& model, const std::ve
 Status prefill_observed(const LlamaModel& model, PagePool& pool, SequenceKv& kv, std::span<const int32_t> prompt,
                         int64_t chunk, std::span<const std::shared_ptr<Compressor>> compressors, double ratio,
                         std::vector<float>* next_logits);
-
-// Engine step durations split by what the forward carried (prefill steps are left out): a step
-// with any verify window counts as a verify step.
-class StepTimes : public StatsSink {
- public:
-  void on_step(const StepRecord& s) override;
-  double draft_seconds = 0, verify_seconds = 0, stall_seconds = 0;
-  int64_t draft_steps = 0, verify_steps = 0;
-  // Of the verify steps, those where every request decoded one token on KV_full (no drafts in the
-  // step): the cost of an adaptive policy's fallback against plain full-KV decoding.
-  double fallback_seconds = 0;
-  int64_t fallback_steps = 0;
-  double draft_ms() const { return draft_steps ? 1e3 * draft_seconds / static_cast<double>(draft_steps) : 0.0; }
-  double verify_ms() const { return verify_steps ? 1e3 * verify_seconds / static_cast<double>(verify_steps) : 0.0; }
-  double fallback_ms() const {
-    return fallback_steps ? 1e3 * fallback_seconds / static_cast<double>(fallback_steps) : 0.0;
-  }
-};
 
 // One prefilled prompt: its cache (pages of a base pool shared by all prompts) and the logits
 // after it (vocab_size floats). Borrowed.

@@ -698,6 +698,11 @@ TEST(Cli, BenchEngineDecodesDistinctPromptsPerRequest) {
   // Its baseline is the mean of the full-KV runs just before and just after it; drift is how they differ.
   EXPECT_GT(row["full_kv_step_ms"].get<double>(), 0.0);
   EXPECT_LT(std::abs(row["full_kv_drift"].get<double>()), 2.0);  // |after - before| < 2 x their mean
+  // The steady state: steps that carried both requests, a share of the decode time (the first
+  // window is always both requests').
+  EXPECT_GT(row["full_batch_speedup"].get<double>(), 0.0);
+  EXPECT_GT(row["full_batch_time_share"].get<double>(), 0.0);
+  EXPECT_LE(row["full_batch_time_share"].get<double>(), 1.0);
   const CliRun same = run_vericache("bench-engine --json --contexts 256 --batches 2 --compressors snapkv "
                                     "--draft-lengths 4 --decode-tokens 8 --same-prompt --text-file " + set);
   ASSERT_EQ(same.exit_code, 0) << same.err;

@@ -89,7 +89,14 @@ def main():
         "noise in that row's ratios; mismatches: tokens that differ from it (must be 0)",
         "- mean acceptance length: 1 + accepted / drafts (vLLM's definition, the correction or bonus token "
         "included); acceptance rate: accepted / drafted",
-        "- verify cost: one step carrying the verify windows, in full-KV decode steps; draft step likewise; "
+        "- speedup: VeriCache's tok/s over the whole run against full KV's; a static batch ends with a tail in "
+        "which requests that finished early (more tokens per window) leave it part empty, while full-KV requests "
+        "all finish together. Speedup at full batch: the steady state, tokens committed per second in the steps "
+        "that carried every request of the batch (the rate continuous batching would keep up), against the same "
+        "baseline; time at full batch: those steps' share of the decode time",
+        "- verify step: the mean step carrying any verify window, in full-KV decode steps (with requests out of "
+        "step it also carries other requests' drafts); verify-only step: the mean step carrying verify windows "
+        "only, at least one with drafts (all B requests verifying at once under a fixed x); draft step likewise; "
         "fallback steps: verify steps in which every request decoded one token on the full cache (no drafts), "
         "and their cost in full-KV decode steps (1.00 would be plain full-KV decoding)",
         "- policy: fixed drafts x every window; under an adaptive policy x is the longest window, drafts per window "
@@ -97,17 +104,19 @@ def main():
         "cache (goodput's fallback, or a confidence stop at the first draft)",
         "",
         "| context | batch | compressor | policy | x | drafts per window | windows of none | full-KV tok/s "
-        "| VeriCache tok/s | speedup | mean acceptance length "
-        "| acceptance rate | draft step (decode steps) | verify step (decode steps) | fallback steps "
-        "| fallback step (decode steps) | full-KV step ms | full-KV drift | mismatches |",
-        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| VeriCache tok/s | speedup | speedup at full batch | time at full batch | mean acceptance length "
+        "| acceptance rate | draft step (decode steps) | verify step (decode steps) | verify-only step (decode steps) "
+        "| fallback steps | fallback step (decode steps) | full-KV step ms | full-KV drift | mismatches |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(f"| {r['context']} | {r['batch']} | {r['compressor']} | {r['draft_policy']} | {r['draft_length']} | "
                      f"{r['mean_window']:.2f} | {r['windows_of_none']} | "
                      f"{r['baseline_tok_s']:.1f} | {r['throughput_tok_s']:.1f} | {r['speedup']:.2f}x | "
+                     f"{r['full_batch_speedup']:.2f}x | {100 * r['full_batch_time_share']:.0f}% | "
                      f"{r['mean_acceptance_length']:.2f} | {r['acceptance_rate']:.3f} | "
                      f"{r['draft_cost_decode_steps']:.2f} | {r['verify_cost_decode_steps']:.2f} | "
+                     f"{format(r['verify_only_cost_decode_steps'], '.2f') if r['verify_only_steps'] else '-'} | "
                      f"{r['fallback_steps']} | "
                      f"{format(r['fallback_cost_decode_steps'], '.2f') if r['fallback_steps'] else '-'} | "
                      f"{r['full_kv_step_ms']:.1f} | {100 * r['full_kv_drift']:+.0f}% | {r['mismatches']} |")
