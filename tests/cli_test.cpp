@@ -273,7 +273,7 @@ TEST(Cli, PluginsListsDescriptorsAndRefusals) {
     if (it == expected.end()) continue;
     EXPECT_EQ(p["family"], it->second.first) << it->first;
     EXPECT_EQ(p["mode"], it->second.second) << it->first;
-    EXPECT_EQ(p["abi_version"], 7);
+    EXPECT_EQ(p["abi_version"], 8);
     expected.erase(it);
   }
   EXPECT_TRUE(expected.empty()) << expected.begin()->first << " not listed: " << r.out;

@@ -469,6 +469,59 @@ TEST(Engine, OnlineCompressorWithRollbackAndJoiningRequests) {
   }
 }
 
+// An online compressor that keeps everything and counts the rows update() is handed, by whether
+// they are the prompt's (position < prompt_length) or decoded.
+class RowCounter : public CompressorBase {
+ public:
+  RowCounter(DecodeRows decode_rows, int64_t prompt_length)
+      : CompressorBase("row_counter", CompressorFamily::kTokenDropping, CompressionMode::kOnline, kAllScenarios,
+                       decode_rows),
+        prompt_length_(prompt_length) {}
+  int64_t prompt_rows = 0, decode_rows_seen = 0;
+
+ protected:
+  Status update_impl(const LayerActivations& acts, std::vector<LayerDrops>*) override {
+    if (acts.layer != 0) return Status();
+    const at::Tensor positions = acts.positions.to(at::kCPU);
+    for (int64_t i = 0; i < positions.numel(); ++i) {
+      ++(positions[i].item<int64_t>() < prompt_length_ ? prompt_rows : decode_rows_seen);
+    }
+    return Status();
+  }
+
+ private:
+  int64_t prompt_length_;
+};
+
+// update() is handed decode rows (the committed rows of each window) only when the compressor
+// declares DecodeRows::kObserved; with kIgnored the engine skips every decode forward's calls, and
+// both see the whole prompt and decode the same tokens as full KV (windows of 0 and 3 drafts).
+TEST(Engine, DecodeRowsReachUpdateOnlyWhenTheCompressorAsksForThem) {
+  const LlamaModel* m = testing::default_model();
+  ASSERT_NE(m, nullptr);
+  const std::vector<GenerationRequest> requests = {request_for(medium(5), 16)};
+  const auto n = static_cast<int64_t>(requests[0].prompt.size());
+  const std::vector<GenerationResult> reference = full_kv(*m, requests);
+  for (DecodeRows mode : {DecodeRows::kObserved, DecodeRows::kIgnored}) {
+    RowCounter counter(mode, n);
+    EngineOptions options;
+    options.compressor = &counter;
+    options.ratio = 0.5;
+    options.draft_length = 3;
+    options.draft_policy.test_windows = {0, 3};
+    const EngineRun run = run_engine(*m, options, requests);
+    const std::string label = mode == DecodeRows::kObserved ? "observed" : "ignored";
+    expect_identical(run, reference, label);
+    EXPECT_EQ(counter.prompt_rows, n) << label;
+    const int64_t decoded = static_cast<int64_t>(run.results[0].generation.tokens.size());
+    if (mode == DecodeRows::kObserved) {
+      EXPECT_GE(counter.decode_rows_seen, decoded - 1) << "every committed row but the last token's";
+    } else {
+      EXPECT_EQ(counter.decode_rows_seen, 0);
+    }
+  }
+}
+
 TEST(Engine, FailingCompressorFallsBackToFullKv) {
   const LlamaModel* m = testing::default_model();
   ASSERT_NE(m, nullptr);

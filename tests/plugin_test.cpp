@@ -171,7 +171,7 @@ TEST(PluginSearch, FindsValidPluginsAndReportsTheRest) {
   EXPECT_EQ(info->path, fixture("streaming_llm"));
   EXPECT_EQ(info->family, CompressorFamily::kTokenDropping);
   EXPECT_EQ(info->mode, CompressionMode::kOffline);
-  EXPECT_EQ(info->abi_version, 7u);
+  EXPECT_EQ(info->abi_version, 8u);
   EXPECT_EQ(info->torch_version, TORCH_VERSION);
   EXPECT_EQ(resolve_plugin("snapkv", {VC_FIXTURE_PLUGIN_DIR}).status().message(),
             "plugins: no compressor named 'snapkv' (found: failing_unpack, rule_breaker, streaming_llm, "

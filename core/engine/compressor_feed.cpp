@@ -8,6 +8,11 @@
 
 namespace vericache {
 
+bool feeds_decode_rows(const Compressor* compressor) {
+  return compressor != nullptr && compressor->mode() == CompressionMode::kOnline &&
+         compressor->decode_rows() == DecodeRows::kObserved;
+}
+
 Status update_for_request(Compressor& compressor, const LayerActivations& all, int64_t begin, int64_t n,
                           int64_t request_id, double ratio, int64_t cache_length, std::vector<LayerDrops>* drops) {
   const int64_t offsets[2] = {0, n};

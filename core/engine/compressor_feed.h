@@ -24,6 +24,10 @@
 
 namespace vericache {
 
+// Whether decode forwards' rows go to `compressor`'s update(): online, and it declared
+// DecodeRows::kObserved. False for nullptr.
+bool feeds_decode_rows(const Compressor* compressor);
+
 // Hands rows [begin, begin + n) of `all` (a forward's layer) to compressor.update() as one request:
 // `request_id`, kept fraction `ratio`, `cache_length` slots in the layer before these rows. The
 // drops it returns are appended to *drops with their layer set.

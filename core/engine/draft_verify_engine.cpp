@@ -370,7 +370,7 @@ Status DraftVerifyEngine::run_forward(std::vector<EngineRequest*>& members, doub
         batch.push_back({r->tokens, r->positions, &r->full, &host_pool_, LogitRows::kAll, r->id});
       }
       ++record.verify_items;
-      if (options_.compressor != nullptr && options_.compressor->mode() == CompressionMode::kOnline && !r->full_only) {
+      if (feeds_decode_rows(options_.compressor) && !r->full_only) {
         // A window of no drafts commits its one row whatever the verdict: no copy of the rows is kept.
         if (r->drafts.empty() && !options_.eager_comp_refill_for_testing) {
           feeds_row.back() = true;
@@ -386,10 +386,12 @@ Status DraftVerifyEngine::run_forward(std::vector<EngineRequest*>& members, doub
   }
 
   // The compressor sees prefill rows as they are computed (its drops shape KV_comp), and the
-  // verify rows of online-compressed requests are kept until the window's verdict is known.
+  // verify rows of online-compressed requests are kept until the window's verdict is known. A
+  // forward with nothing for it (no prefill, no decode rows it takes) runs without an observer.
   Compressor* c = options_.compressor;
   LayerObserver observer;
-  if (c != nullptr) {
+  const bool observed = record.prefill_items > 0 || (feeds_decode_rows(c) && record.verify_items > 0);
+  if (c != nullptr && observed) {
     observer = [&](const LayerActivations& acts) -> Status {
       for (size_t i = 0; i < members.size(); ++i) {
         EngineRequest& r = *members[i];

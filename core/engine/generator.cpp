@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "engine/compression.h"
+#include "engine/compressor_feed.h"
 #include "kv/packed_page_pool.h"
 
 namespace vericache {
@@ -198,8 +199,7 @@ Result<std::vector<GenerationResult>> Generator::generate(std::span<const Genera
       active.push_back(i);
     }
     if (batch.empty()) break;
-    const bool online = compressor != nullptr && compressor->mode() == CompressionMode::kOnline;
-    Status status = run_forward(batch, online);
+    Status status = run_forward(batch, feeds_decode_rows(compressor));
     if (!status.ok()) {
       release_all();
       return status;

@@ -44,7 +44,8 @@ Geometry geometry(const MinMaxGroupsLayout& L) {
 class Kivi : public CompressorBase {
  public:
   Kivi(int bits, int64_t group, int64_t residual)
-      : CompressorBase("kivi", CompressorFamily::kQuantization, CompressionMode::kOnline, kAllScenarios),
+      : CompressorBase("kivi", CompressorFamily::kQuantization, CompressionMode::kOnline, kAllScenarios,
+                       DecodeRows::kIgnored),  // no update(): the runtime packs the slots
         bits_(bits),
         group_(group),
         residual_(residual) {}

@@ -60,7 +60,8 @@ struct PageLayout {
 class KvQuant : public CompressorBase {
  public:
   KvQuant(int bits, bool qnorm, int64_t first_tokens, std::string calibration)
-      : CompressorBase("kvquant", CompressorFamily::kQuantization, CompressionMode::kOnline, kAllScenarios),
+      : CompressorBase("kvquant", CompressorFamily::kQuantization, CompressionMode::kOnline, kAllScenarios,
+                       DecodeRows::kIgnored),  // no update(): the runtime packs the slots
         bits_(bits),
         qnorm_(qnorm),
         first_tokens_(first_tokens),

@@ -81,7 +81,8 @@ struct PageLayout {
 class RotateKv : public CompressorBase {
  public:
   RotateKv(int bits, double clip, int64_t group, int64_t sink_entries, std::string calibration)
-      : CompressorBase("rotatekv", CompressorFamily::kQuantization, CompressionMode::kOnline, kAllScenarios),
+      : CompressorBase("rotatekv", CompressorFamily::kQuantization, CompressionMode::kOnline, kAllScenarios,
+                       DecodeRows::kIgnored),  // update() reads the first prefill forward only
         bits_(bits),
         clip_(static_cast<float>(clip)),
         group_(group),

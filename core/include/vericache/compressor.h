@@ -33,6 +33,12 @@ namespace vericache {
 
 enum class CompressorFamily : uint32_t { kTokenDropping = 0, kQuantization = 1 };
 enum class CompressionMode : uint32_t { kOffline = 0, kOnline = 1 };
+// Whether an online compressor's update() is handed the rows of decode forwards (every prefill
+// forward's rows it always sees; offline compressors see no decode rows whatever they declare). A
+// compressor whose update() only reads the prompt (a quantizer: its packing is the runtime's, and a
+// rotation calibrated on the prompt) declares kIgnored, and the runtime skips the per-layer calls of
+// every decode forward: decoding on the full cache then costs what full-KV decoding does.
+enum class DecodeRows : uint32_t { kObserved = 0, kIgnored = 1 };
 // Bits of a scenario mask.
 enum class Scenario : uint32_t { kLongContext = 1, kRemotePrefix = 2 };
 
@@ -165,13 +171,15 @@ class Compressor {
   virtual CompressorFamily family() const = 0;
   virtual CompressionMode mode() const = 0;
   virtual uint32_t scenarios() const = 0;  // Scenario bits
+  virtual DecodeRows decode_rows() const = 0;
 
   // Called once, before any other call, with the model the compressor will serve: the place to
   // check that parameters or files fit it (NotFound / InvalidArgument / Corruption with the reason).
   virtual Status attach(const ModelShape& model) noexcept = 0;
   // After each layer's forward of a batch holding this compressor's requests: every prefill
-  // forward, and for online compressors every decode forward too. Offline compressors record what
-  // compress() will need; online ones append drops, which the runtime applies after the forward.
+  // forward, and for online compressors every decode forward too unless decode_rows() is kIgnored.
+  // Offline compressors record what compress() will need; online ones append drops, which the
+  // runtime applies after the forward.
   virtual Status update(const LayerActivations& activations, std::vector<LayerDrops>* drops) noexcept = 0;
   // Offline: the kept set for one request's full cache at kept fraction `ratio` in (0, 1]. `out`
   // arrives empty; `kept` tensors may be on any device. The view and `model` are valid for this
@@ -209,13 +217,15 @@ class Compressor {
 // becomes a Status naming the compressor (the wrapping is compiled into the plugin).
 class CompressorBase : public Compressor {
  public:
-  CompressorBase(std::string name, CompressorFamily family, CompressionMode mode, uint32_t scenarios)
-      : name_(std::move(name)), family_(family), mode_(mode), scenarios_(scenarios) {}
+  CompressorBase(std::string name, CompressorFamily family, CompressionMode mode, uint32_t scenarios,
+                 DecodeRows decode_rows = DecodeRows::kObserved)
+      : name_(std::move(name)), family_(family), mode_(mode), scenarios_(scenarios), decode_rows_(decode_rows) {}
 
   const std::string& name() const final { return name_; }
   CompressorFamily family() const final { return family_; }
   CompressionMode mode() const final { return mode_; }
   uint32_t scenarios() const final { return scenarios_; }
+  DecodeRows decode_rows() const final { return decode_rows_; }
 
   Status attach(const ModelShape& model) noexcept final {
     return guard([&] { return attach_impl(model); });
@@ -305,6 +315,7 @@ class CompressorBase : public Compressor {
   CompressorFamily family_;
   CompressionMode mode_;
   uint32_t scenarios_;
+  DecodeRows decode_rows_;
 };
 
 }  // namespace vericache

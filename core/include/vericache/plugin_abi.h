@@ -25,7 +25,7 @@
 #include <torch/version.h>
 #include <vericache/compressor.h>
 
-#define VC_PLUGIN_ABI_VERSION 7u
+#define VC_PLUGIN_ABI_VERSION 8u
 #define VC_PLUGIN_API_VERSION 1u
 
 extern "C" {
