@@ -26,7 +26,8 @@ class StepTimes : public StatsSink {
   double fallback_seconds = 0;
   int64_t fallback_steps = 0;
   // Of the verify steps, those that carried verify windows only, at least one with drafts (no
-  // request drafting in the same forward): what verifying costs, apart from steps it shares.
+  // request drafting in the same forward), and with `full_batch` set every request of the batch:
+  // what verifying a full batch costs, apart from steps it shares and from the tail.
   double verify_only_seconds = 0;
   int64_t verify_only_steps = 0;
   // Steps that carried all `full_batch` requests: their seconds and the tokens they committed.

@@ -740,6 +740,10 @@ TEST(Cli, BenchBudgetRunsEachSidesLargestBatch) {
   }
   EXPECT_EQ(rows[0]["verification"], "in place");
   EXPECT_EQ(rows[0]["transient_pages"], 0);
+  // The steady state in place (the first window carries every request); none over a link.
+  EXPECT_GT(rows[0]["full_batch_tok_s"].get<double>(), 0.0);
+  EXPECT_GT(rows[0]["full_batch_time_share"].get<double>(), 0.0);
+  EXPECT_EQ(rows[1]["full_batch_tok_s"].get<double>(), 0.0);
   EXPECT_GT(rows[0]["vericache_batch"].get<int64_t>(), 2);
   EXPECT_EQ(rows[1]["verification"], "2 GB/s emulated link");
   EXPECT_GT(rows[1]["transient_pages"].get<int64_t>(), 0);

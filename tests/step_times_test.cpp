@@ -18,7 +18,7 @@ StepRecord step(double ms, int64_t drafts, int64_t verifies, int64_t rows) {
 
 // Batch 2: two draft steps and a verify of both (3 + 1 tokens), a fallback step of both (2 tokens),
 // then a tail where one request runs alone (a draft and a verify of 3 tokens). The steady state
-// counts the first four steps only; verify-only steps are the two that verify drafted windows.
+// counts the first four steps only, and so do verify-only steps (the tail's verify is not one).
 TEST(StepTimes, SplitsStepsAndMeasuresTheFullBatchApartFromTheTail) {
   StepTimes t;
   t.full_batch = 2;
@@ -38,8 +38,8 @@ TEST(StepTimes, SplitsStepsAndMeasuresTheFullBatchApartFromTheTail) {
   EXPECT_EQ(t.verify_steps, 3);
   EXPECT_EQ(t.fallback_steps, 1);
   EXPECT_DOUBLE_EQ(t.fallback_ms(), 20);
-  EXPECT_EQ(t.verify_only_steps, 2);
-  EXPECT_DOUBLE_EQ(t.verify_only_ms(), 22.5);
+  EXPECT_EQ(t.verify_only_steps, 1);
+  EXPECT_DOUBLE_EQ(t.verify_only_ms(), 30);
   EXPECT_EQ(t.full_batch_tokens, 6);
   EXPECT_DOUBLE_EQ(t.full_batch_seconds, 0.07);
   EXPECT_DOUBLE_EQ(t.full_batch_tok_s(), 6 / 0.07);
@@ -52,6 +52,7 @@ TEST(StepTimes, CountsTheTokensOfEachStepOnlyOnce) {
   t.on_window({0, 4, 4});
   t.on_step(step(30, 0, 1, 5));
   EXPECT_EQ(t.full_batch_tokens, 0);
+  EXPECT_EQ(t.verify_only_steps, 1);  // without a batch size every verify-only step counts
   EXPECT_DOUBLE_EQ(t.full_batch_tok_s(), 0);
   t.full_batch = 1;
   t.on_step(step(10, 1, 0, 1));

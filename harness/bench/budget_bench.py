@@ -80,17 +80,24 @@ def markdown(rows, prov, invocation):
            "- links are EMULATED (a paced copy); 'achieved' is what the copy thread really moved per busy second "
            "(a link asked faster than this machine copies runs at the copy speed)",
            "- where VeriCache's decode time went: draft forwards, verify forwards (windows of none included), "
-           "waiting (no forward could run: every request's verify waited for its copy)", "",
-           "| verification | full-KV batch | full-KV tok/s | VeriCache batch | VeriCache tok/s | ratio | link GB/s "
-           "achieved | mean acceptance length | drafts per window | windows of none | draft | verify | waiting | "
-           "mismatches |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "waiting (no forward could run: every request's verify waited for its copy)",
+           "- ratio: over the whole run; VeriCache's static batch ends with a tail in which requests that finished "
+           "early leave it part empty (full-KV requests all finish together); ratio at full batch (in place only): "
+           "tokens committed per second in the steps that carried every request, the rate continuous batching would "
+           "keep up, and time at full batch their share of the run (over a link a request waiting for its copy sits "
+           "steps out, so no steady state is told apart there)", "",
+           "| verification | full-KV batch | full-KV tok/s | VeriCache batch | VeriCache tok/s | ratio | ratio at full "
+           "batch | time at full batch | link GB/s achieved | mean acceptance length | drafts per window | windows of "
+           "none | draft | verify | waiting | mismatches |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         total = max(r["seconds"], 1e-9)
         link = f"{r['link_gb_s_achieved']:.2f}" if r["link_gb_s"] > 0 else "-"
         capped = " (capped)" if r["capped"] else ""
+        steady = (f"{r['full_batch_ratio']:.2f}x | {100 * r['full_batch_time_share']:.0f}%"
+                  if r.get("full_batch_tok_s", 0) > 0 else "- | -")
         out.append(f"| {r['verification']} | {r['full_kv_batch']} | {r['full_kv_tok_s']:.1f} | {r['vericache_batch']}{capped} | "
-                   f"{r['vericache_tok_s']:.1f} | {r['ratio']:.2f}x | {link} | {r['mean_acceptance_length']:.2f} | "
+                   f"{r['vericache_tok_s']:.1f} | {r['ratio']:.2f}x | {steady} | {link} | {r['mean_acceptance_length']:.2f} | "
                    f"{r['mean_window']:.2f} | {r['windows_of_none']} | {100 * r['draft_seconds'] / total:.0f}% | "
                    f"{100 * r['verify_seconds'] / total:.0f}% | {100 * r['waiting_seconds'] / total:.0f}% | "
                    f"{r['mismatches']} |")

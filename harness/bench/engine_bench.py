@@ -96,7 +96,8 @@ def main():
         "baseline; time at full batch: those steps' share of the decode time",
         "- verify step: the mean step carrying any verify window, in full-KV decode steps (with requests out of "
         "step it also carries other requests' drafts); verify-only step: the mean step carrying verify windows "
-        "only, at least one with drafts (all B requests verifying at once under a fixed x); draft step likewise; "
+        "of all B requests and nothing else, at least one with drafts (under a fixed x, every request verifying x + 1 "
+        "rows at once; the tail's steps left out); draft step likewise; "
         "fallback steps: verify steps in which every request decoded one token on the full cache (no drafts), "
         "and their cost in full-KV decode steps (1.00 would be plain full-KV decoding)",
         "- policy: fixed drafts x every window; under an adaptive policy x is the longest window, drafts per window "
